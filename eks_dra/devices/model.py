@@ -1,0 +1,135 @@
+"""The device model shared by the drivers' discovery and the planner's simulation.
+
+A `Device` is what a driver publishes in a `resource.k8s.io/v1` ResourceSlice: a name, typed attributes
+and capacities. Attribute keys without a domain belong to the driver's own domain (Kubernetes rule), so
+`productName` on driver `gpu.eks-dra.io` is read in CEL as `device.attributes["gpu.eks-dra.io"].productName`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Union
+
+MAX_DEVICES_PER_SLICE = 128  # ResourceSliceMaxDevices in resource.k8s.io/v1
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"  # the only standard attribute in 1.34
+DEVICE_GROUP = "resource.aws.com/devicegroup{size}_id"
+DEVICE_GROUP_SIZES = (1, 4, 8, 16)
+
+_SEMVER_CORE = re.compile(r"^(\d+)(?:\.(\d+))?(?:\.(\d+))?")
+
+
+@dataclass(frozen=True)
+class Version:
+    """A semver 2.0 attribute value (published as `{"version": ...}`)."""
+
+    value: str
+
+    @classmethod
+    def from_loose(cls, text: str) -> "Version":
+        """Turn "9.0" or "580.95.05" into semver ("9.0.0", "580.95.5"): semver forbids leading zeros."""
+        m = _SEMVER_CORE.match(text.strip())
+        if not m:
+            raise ValueError(f"not a version: {text!r}")
+        major, minor, patch = (int(g) if g else 0 for g in m.groups())
+        return cls(f"{major}.{minor}.{patch}")
+
+
+AttributeValue = Union[bool, int, str, Version]
+
+
+def attribute_to_api(value: AttributeValue) -> dict:
+    # bool before int: bool is an int subclass in Python.
+    if isinstance(value, bool):
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    if isinstance(value, Version):
+        return {"version": value.value}
+    return {"string": value}
+
+
+def attribute_from_api(value: dict) -> AttributeValue:
+    if "bool" in value:
+        return bool(value["bool"])
+    if "int" in value:
+        return int(value["int"])
+    if "version" in value:
+        return Version(value["version"])
+    return str(value["string"])
+
+
+@dataclass
+class Device:
+    name: str
+    attributes: dict[str, AttributeValue] = field(default_factory=dict)
+    capacity: dict[str, str] = field(default_factory=dict)  # Kubernetes quantities, e.g. "81920Mi"
+
+    def to_api(self) -> dict:
+        out: dict = {"name": self.name}
+        if self.attributes:
+            out["attributes"] = {k: attribute_to_api(v) for k, v in sorted(self.attributes.items())}
+        if self.capacity:
+            out["capacity"] = {k: {"value": v} for k, v in sorted(self.capacity.items())}
+        return out
+
+    @classmethod
+    def from_api(cls, obj: dict) -> "Device":
+        return cls(
+            name=obj["name"],
+            attributes={k: attribute_from_api(v) for k, v in (obj.get("attributes") or {}).items()},
+            capacity={k: str(v["value"]) for k, v in (obj.get("capacity") or {}).items()},
+        )
+
+
+def qualify(driver: str, key: str) -> tuple[str, str]:
+    """Split an attribute key into (domain, identifier); unqualified keys belong to the driver."""
+    if "/" in key:
+        domain, ident = key.split("/", 1)
+        return domain, ident
+    return driver, key
+
+
+def chunk_devices(devices: list[Device], size: int = MAX_DEVICES_PER_SLICE) -> list[list[Device]]:
+    """Split a pool's devices into slices of at most `size` (an empty pool still gets one empty slice)."""
+    ordered = sorted(devices, key=lambda d: d.name)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)] or [[]]
+
+
+def resource_slices(
+    driver: str,
+    node_name: str,
+    devices: list[Device],
+    generation: int = 1,
+    node_uid: str | None = None,
+) -> list[dict]:
+    """Render the ResourceSlices of one node's pool (pool name = node name) as API objects."""
+    chunks = chunk_devices(devices)
+    slices = []
+    for i, chunk in enumerate(chunks):
+        meta: dict = {"name": slice_name(node_name, driver, i)}
+        if node_uid:
+            meta["ownerReferences"] = [
+                {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}
+            ]
+        slices.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": meta,
+                "spec": {
+                    "driver": driver,
+                    "nodeName": node_name,
+                    "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
+                    "devices": [d.to_api() for d in chunk],
+                },
+            }
+        )
+    return slices
+
+
+def slice_name(node_name: str, driver: str, index: int) -> str:
+    """Deterministic slice names keep re-publication idempotent (253-char DNS subdomain limit)."""
+    base = f"{node_name}-{driver}".lower()
+    base = re.sub(r"[^a-z0-9.-]", "-", base)[:240].strip("-.")
+    return f"{base}-{index}"

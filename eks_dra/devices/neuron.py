@@ -1,0 +1,83 @@
+"""Neuron family: attribute names, device-group ids and the Neuron device builder."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from eks_dra.catalog import PciLocation
+
+from .model import DEVICE_GROUP_SIZES, DEVICE_GROUP, PCIE_ROOT, Device
+
+DEVICE_ID = "deviceId"
+INSTANCE_TYPE = "instanceType"
+CORE_COUNT = "coreCount"
+TOPOLOGY_X = "topology_x"
+TOPOLOGY_Y = "topology_y"
+NUMA_NODE = "numaNode"
+RESOURCE_TYPE = "resourceType"
+DRIVER_VERSION = "neuronDriverVersion"
+CAP_MEMORY = "memory"
+CAP_CORES = "neuronCores"
+
+DEFAULT_NEURON_DRIVER_VERSION = "2.25.4.0"
+
+
+@dataclass(frozen=True)
+class NeuronFacts:
+    index: int  # /dev/neuron<index>
+    instance_type: str
+    core_count: int
+    memory_mib: int
+    pci: PciLocation
+    driver_version: str = DEFAULT_NEURON_DRIVER_VERSION
+    device_groups: dict[int, str] = field(default_factory=dict)
+
+
+def topology_xy(index: int, count: int) -> tuple[int, int]:
+    """Position in the NeuronLink torus: 16 devices form a 4x4 torus; smaller sets sit on one row."""
+    if count == 16:
+        return index % 4, index // 4
+    return index, 0
+
+
+def device_group_ids(neuron_index: int, neuron_efa_map: tuple[int, ...], efa_bdfs: list[str]) -> dict[int, str]:
+    """resource.aws.com/devicegroupN_id for one Neuron device (or its EFA).
+
+    N=1 is the BDF of the device's EFA; larger N hash the sorted, de-duplicated EFA BDFs of Neuron
+    devices floor(id/N)*N .. floor(id/N)*N+N-1 with sha256 and keep 16 hex characters.
+    """
+    if not neuron_efa_map:
+        return {}
+    groups = {1: efa_bdfs[neuron_efa_map[neuron_index]]}
+    total = len(neuron_efa_map)
+    for size in DEVICE_GROUP_SIZES[1:]:
+        if size > total:
+            break
+        start = (neuron_index // size) * size
+        bdfs = sorted({efa_bdfs[neuron_efa_map[i]] for i in range(start, start + size)})
+        groups[size] = hashlib.sha256(",".join(bdfs).encode()).hexdigest()[:16]
+    return groups
+
+
+def neuron_device_name(index: int) -> str:
+    return f"neuron-{index}"
+
+
+def neuron_device(f: NeuronFacts, device_count: int) -> Device:
+    x, y = topology_xy(f.index, device_count)
+    attrs: dict = {
+        DEVICE_ID: f.index,
+        INSTANCE_TYPE: f.instance_type,
+        CORE_COUNT: f.core_count,
+        TOPOLOGY_X: x,
+        TOPOLOGY_Y: y,
+        NUMA_NODE: f.pci.numa_node,
+        RESOURCE_TYPE: "neuron_device",
+        DRIVER_VERSION: f.driver_version,
+        PCIE_ROOT: f.pci.root,
+    }
+    for size, gid in sorted(f.device_groups.items()):
+        attrs[DEVICE_GROUP.format(size=size)] = gid
+    return Device(neuron_device_name(f.index), attrs,
+                  {CAP_MEMORY: f"{f.memory_mib}Mi", CAP_CORES: str(f.core_count)})
