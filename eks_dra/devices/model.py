@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Union
 
 MAX_DEVICES_PER_SLICE = 128  # ResourceSliceMaxDevices in resource.k8s.io/v1
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"  # the only standard attribute in 1.34
@@ -26,7 +25,7 @@ class Version:
     value: str
 
     @classmethod
-    def from_loose(cls, text: str) -> "Version":
+    def from_loose(cls, text: str) -> Version:
         """Turn "9.0" or "580.95.05" into semver ("9.0.0", "580.95.5"): semver forbids leading zeros."""
         m = _SEMVER_CORE.match(text.strip())
         if not m:
@@ -35,7 +34,7 @@ class Version:
         return cls(f"{major}.{minor}.{patch}")
 
 
-AttributeValue = Union[bool, int, str, Version]
+AttributeValue = bool | int | str | Version
 
 
 def attribute_to_api(value: AttributeValue) -> dict:
@@ -74,7 +73,7 @@ class Device:
         return out
 
     @classmethod
-    def from_api(cls, obj: dict) -> "Device":
+    def from_api(cls, obj: dict) -> Device:
         return cls(
             name=obj["name"],
             attributes={k: attribute_from_api(v) for k, v in (obj.get("attributes") or {}).items()},

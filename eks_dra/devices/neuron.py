@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from eks_dra.catalog import PciLocation
 
-from .model import DEVICE_GROUP_SIZES, DEVICE_GROUP, PCIE_ROOT, Device
+from .model import DEVICE_GROUP, DEVICE_GROUP_SIZES, PCIE_ROOT, Device
 
 DEVICE_ID = "deviceId"
 INSTANCE_TYPE = "instanceType"
