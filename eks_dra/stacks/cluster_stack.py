@@ -1,0 +1,160 @@
+"""ClusterStack: one environment's VPC, EKS cluster, node groups and Kubernetes manifests.
+
+The only place where an `EnvironmentConfig` meets the constructs. Synthesizes offline with no context
+lookups: an env-agnostic stack when the config has no account, otherwise an explicit Environment whose
+availability zones are written down (never looked up).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from aws_cdk import Environment, Stack, Tags
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from eks_dra.config import EnvironmentConfig, NodeGroupConfig
+from eks_dra.constructs import (
+    AcceleratorCluster,
+    AcceleratorClusterProps,
+    AcceleratorNodeGroup,
+    AcceleratorNodeGroupProps,
+    NodeTaint,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# The driver image's build context: only these paths are staged into cdk.out (never .venv or node_modules).
+IMAGE_CONTEXT = ("Dockerfile", "pyproject.toml", "requirements.lock", "README.md", "eks_dra")
+IMAGE_EXCLUDE = ["*", *(f"!{p}" for p in IMAGE_CONTEXT), "!eks_dra/**", "**/__pycache__", "**/*.pyc"]
+
+
+def stack_environment(env: EnvironmentConfig) -> Environment | None:
+    if env.account is None and env.region is None:
+        return None
+    return Environment(account=env.account, region=env.region)
+
+
+def availability_zones(env: EnvironmentConfig) -> list[str] | None:
+    """AZs written in the config (or <region>a/b for an explicit account): never a context lookup."""
+    if env.vpc.availability_zones:
+        return list(env.vpc.availability_zones)
+    if env.account is not None and env.region is not None:
+        return [f"{env.region}a", f"{env.region}b"]
+    return None
+
+
+class ClusterStack(Stack):
+    """Everything one environment deploys."""
+
+    def __init__(self, scope: Construct, construct_id: str, env_config: EnvironmentConfig,
+                 driver_image: str | None = None, **kwargs) -> None:
+        super().__init__(scope, construct_id, env=stack_environment(env_config),
+                         description=f"eks-dra {env_config.name}: EKS {env_config.kubernetes_version} with DRA "
+                                     "accelerator node groups", **kwargs)
+        self.env_config = env_config
+        Tags.of(self).add("eks-dra:environment", env_config.name)
+        self.vpc = self._vpc()
+        self.accelerator_cluster = AcceleratorCluster(self, "AcceleratorCluster", AcceleratorClusterProps(
+            vpc=self.vpc,
+            cluster_name=env_config.cluster_name,
+            kubernetes_version=env_config.kubernetes_version,
+            admin_role_arns=list(env_config.cluster_admin_role_arns),
+        ))
+        self.cluster = self.accelerator_cluster.cluster
+        self.node_groups: dict[str, AcceleratorNodeGroup] = {}
+        for group in env_config.node_groups:
+            self.node_groups[group.name] = self.accelerator_cluster.add_node_group(
+                _construct_id(group.name), self._node_group_props(group))
+        self.driver_image = driver_image or env_config.driver_image or self._driver_image_asset()
+        self.manifests = self._add_manifests()
+
+    # --- network ---
+
+    def _vpc(self) -> ec2.IVpc:
+        vpc_config = self.env_config.vpc
+        if vpc_config.vpc_id:
+            azs = list(vpc_config.private_subnets)
+            return ec2.Vpc.from_vpc_attributes(
+                self, "Vpc", vpc_id=vpc_config.vpc_id, availability_zones=azs,
+                private_subnet_ids=[vpc_config.private_subnets[az] for az in azs])
+        azs = availability_zones(self.env_config)
+        vpc = ec2.Vpc(
+            self, "Vpc",
+            ip_addresses=ec2.IpAddresses.cidr(vpc_config.cidr or "10.0.0.0/16"),
+            availability_zones=azs,
+            max_azs=None if azs else 2,
+            nat_gateways=1 if not self.env_config.protected else None,
+            subnet_configuration=[
+                ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
+                # EFA nodes and their pods take many addresses: large private subnets.
+                ec2.SubnetConfiguration(name="private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
+                                        cidr_mask=19),
+            ],
+        )
+        vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(
+            logs.LogGroup(self, "FlowLogs", retention=logs.RetentionDays.ONE_MONTH)))
+        return vpc
+
+    def _subnets(self, group: NodeGroupConfig) -> list[ec2.ISubnet]:
+        subnets = self.accelerator_cluster.private_subnets(group.availability_zone)
+        if group.efa_enabled or group.capacity.reserved:
+            return subnets[:1]  # EFA and reservations: one AZ
+        return subnets
+
+    # --- node groups ---
+
+    def _node_group_props(self, group: NodeGroupConfig) -> AcceleratorNodeGroupProps:
+        env = self.env_config
+        bottlerocket = group.ami_family == "bottlerocket"
+        gpu_dra = "gpu" in group.families and group.manager("gpu") == "dra"
+        neuron = group.accelerator_family == "neuron"
+        return AcceleratorNodeGroupProps(
+            cluster=self.cluster,
+            nodegroup_name=group.name,
+            instance_type=group.instance_type,
+            ami_type=group.ami_type,
+            subnets=self._subnets(group),
+            min_size=group.min_size, desired_size=group.desired_size, max_size=group.max_size,
+            labels=env.node_labels(group),
+            taints=[NodeTaint(t.key, t.value, t.effect) for t in env.node_taints(group)],
+            efa=group.efa_enabled,
+            capacity_kind=group.capacity.kind,
+            reservation_id=group.capacity.reservation_id,
+            disable_nvidia_device_plugin=bottlerocket and gpu_dra,
+            neuron_device_ownership=bottlerocket and neuron,
+            mig_profile=group.mig_profile if not bottlerocket else None,
+            root_volume_gib=200 if group.instance is not None else 50,
+        )
+
+    # --- workloads ---
+
+    def _driver_image_asset(self) -> str | None:
+        """Build the driver image from the repository's Dockerfile (staged at synth, built at deploy)."""
+        if not (REPO_ROOT / "Dockerfile").is_file():
+            return None
+        asset = ecr_assets.DockerImageAsset(
+            self, "DriverImage", directory=str(REPO_ROOT), exclude=IMAGE_EXCLUDE,
+            platform=ecr_assets.Platform.LINUX_AMD64)
+        return asset.image_uri
+
+    def _add_manifests(self) -> list:
+        """Apply the environment's cdk8s charts (drivers, DeviceClasses, samples) in dependency order."""
+        if importlib.util.find_spec("eks_dra.stacks.manifests") is None:
+            return []
+        from eks_dra.stacks.manifests import build_k8s_app
+
+        k8s_app = build_k8s_app(self.env_config, self.driver_image)
+        applied = []
+        for chart in k8s_app.charts:
+            manifest = self.cluster.add_cdk8s_chart(_construct_id(chart.node.id), chart)
+            if applied:
+                manifest.node.add_dependency(applied[-1])
+            applied.append(manifest)
+        return applied
+
+
+def _construct_id(name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in name.replace("_", "-").replace(".", "-").split("-"))
