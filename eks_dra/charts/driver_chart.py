@@ -1,0 +1,296 @@
+"""One eks-dra DRA driver on the cluster: its identity, its least privileges and its kubelet-plugin DaemonSet.
+
+`SystemNamespaceChart` holds the namespace the drivers share; `DriverChart` is one device family's driver
+(ServiceAccount, ClusterRole + binding, two ValidatingAdmissionPolicies + bindings, DaemonSet). Charts know
+nothing of the environment: the composition (eks_dra/stacks/manifests.py) passes a `DriverSettings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cdk8s
+from cdk8s_plus_34 import k8s
+from constructs import Construct
+
+from . import labels
+
+DEFAULT_IMAGE = "eks-dra-driver:0.1.0"
+# Driver runtime contract (CONTRACTS.md): the health port each family's driver serves grpc.health.v1 on.
+HEALTH_PORTS = {"gpu": 51515, "efa": 51516, "neuron": 51517}
+METRICS_PORTS = {"gpu": 9515, "efa": 9516, "neuron": 9517}
+LIVENESS_SERVICE = "liveness"
+
+KUBELET_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+KUBELET_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+CDI_ROOT = "/var/run/cdi"
+HOST_ROOT = "/host"
+NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
+
+
+@dataclass(frozen=True)
+class DriverSettings:
+    """What one driver's chart needs to know; defaults follow the driver runtime contract."""
+
+    family: str  # gpu | efa | neuron
+    driver_name: str  # e.g. gpu.eks-dra.io
+    image: str = DEFAULT_IMAGE
+    namespace: str = labels.SYSTEM_NAMESPACE
+    # Readiness taints of the other DRA drivers: a node with GPU and EFA starts with both taints, and each
+    # driver must start while the other's taint is still there.
+    other_readiness_taints: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """Kubernetes name of the driver's objects: eks-dra-<family>-driver."""
+        return f"eks-dra-{self.family}-driver"
+
+    @property
+    def service_account_user(self) -> str:
+        """The username the API server gives the DaemonSet's pods (what the admission policies match)."""
+        return f"system:serviceaccount:{self.namespace}:{self.name}"
+
+    @property
+    def health_port(self) -> int:
+        return HEALTH_PORTS[self.family]
+
+    @property
+    def metrics_port(self) -> int:
+        return METRICS_PORTS[self.family]
+
+    @property
+    def readiness_taint(self) -> str:
+        return labels.readiness_taint_key(self.driver_name)
+
+
+class SystemNamespaceChart(cdk8s.Chart):
+    """The namespace every eks-dra driver runs in; applied before the driver charts."""
+
+    def __init__(self, scope: Construct, id: str, *, namespace: str = labels.SYSTEM_NAMESPACE) -> None:
+        super().__init__(scope, id, disable_resource_name_hashes=True)
+        k8s.KubeNamespace(self, "namespace", metadata=k8s.ObjectMeta(
+            name=namespace, labels={**labels.app_labels("eks-dra", "system"),
+                                    # hostPath volumes and a privileged GPU plugin: the namespace must allow it.
+                                    "pod-security.kubernetes.io/enforce": "privileged"}))
+
+
+class DriverChart(cdk8s.Chart):
+    """One family's DRA driver: least-privilege identity, admission guards and the kubelet-plugin DaemonSet."""
+
+    def __init__(self, scope: Construct, id: str, *, settings: DriverSettings) -> None:
+        super().__init__(scope, id, disable_resource_name_hashes=True)
+        self.settings = settings
+        s = settings
+        meta_labels = labels.app_labels(s.name, "kubelet-plugin")
+        self.service_account = k8s.KubeServiceAccount(
+            self, "service-account", metadata=k8s.ObjectMeta(name=s.name, namespace=s.namespace, labels=meta_labels))
+        self._rbac(meta_labels)
+        self._slice_policy(meta_labels)
+        self._taint_policy(meta_labels)
+        self.daemon_set = self._daemon_set(meta_labels)
+
+    # --- identity ---------------------------------------------------------------------------
+
+    def _rbac(self, meta_labels: dict[str, str]) -> None:
+        s = self.settings
+        rules = [
+            # The driver publishes and repairs its node's pool; the policy below keeps it to its own node.
+            k8s.PolicyRule(api_groups=["resource.k8s.io"], resources=["resourceslices"],
+                           verbs=["get", "list", "watch", "create", "update", "patch", "delete"]),
+            # Prepare reads the allocated claim; the reconciler lists claims allocated to this node.
+            k8s.PolicyRule(api_groups=["resource.k8s.io"], resources=["resourceclaims"], verbs=["get", "list", "watch"]),
+            # get: the Node's uid for slice ownerReferences; patch: removing its own readiness taint (issue 7),
+            # narrowed by the node admission policy to that one taint on its own node.
+            k8s.PolicyRule(api_groups=[""], resources=["nodes"], verbs=["get", "patch"]),
+            # Warning Events on the Node (corrupt checkpoint, device withdrawn).
+            k8s.PolicyRule(api_groups=["", "events.k8s.io"], resources=["events"], verbs=["create", "patch"]),
+        ]
+        role = k8s.KubeClusterRole(self, "cluster-role",
+                                   metadata=k8s.ObjectMeta(name=s.name, labels=meta_labels), rules=rules)
+        k8s.KubeClusterRoleBinding(
+            self, "cluster-role-binding", metadata=k8s.ObjectMeta(name=s.name, labels=meta_labels),
+            role_ref=k8s.RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role.name),
+            subjects=[k8s.Subject(kind="ServiceAccount", name=s.name, namespace=s.namespace)],
+        )
+
+    def _is_plugin(self) -> k8s.MatchCondition:
+        return k8s.MatchCondition(
+            name="is-driver-service-account",
+            expression=f"request.userInfo.username == '{self.settings.service_account_user}'")
+
+    @staticmethod
+    def _node_name_variable() -> k8s.Variable:
+        # Bound service-account tokens carry the pod's node (ServiceAccountTokenPodNodeInfo, on since 1.32).
+        extra = f"request.userInfo.extra['{NODE_NAME_CLAIM}']"
+        return k8s.Variable(
+            name="userNodeName",
+            expression=f"'{NODE_NAME_CLAIM}' in request.userInfo.extra && size({extra}) > 0 ? {extra}[0] : ''")
+
+    def _policy(self, suffix: str, meta_labels: dict[str, str], rules: list[k8s.NamedRuleWithOperations],
+                variables: list[k8s.Variable], validations: list[k8s.Validation]) -> None:
+        name = f"{self.settings.name}-{suffix}"
+        k8s.KubeValidatingAdmissionPolicy(
+            self, f"{suffix}-policy", metadata=k8s.ObjectMeta(name=name, labels=meta_labels),
+            spec=k8s.ValidatingAdmissionPolicySpec(
+                failure_policy="Fail",
+                match_constraints=k8s.MatchResources(resource_rules=rules),
+                match_conditions=[self._is_plugin()],
+                variables=variables,
+                validations=validations,
+            ))
+        k8s.KubeValidatingAdmissionPolicyBinding(
+            self, f"{suffix}-policy-binding", metadata=k8s.ObjectMeta(name=name, labels=meta_labels),
+            spec=k8s.ValidatingAdmissionPolicyBindingSpec(policy_name=name, validation_actions=["Deny"]))
+
+    def _slice_policy(self, meta_labels: dict[str, str]) -> None:
+        """The plugin may write only ResourceSlices of its own node and its own driver."""
+        s = self.settings
+        self._policy(
+            "slices", meta_labels,
+            rules=[k8s.NamedRuleWithOperations(api_groups=["resource.k8s.io"], api_versions=["*"],
+                                               operations=["CREATE", "UPDATE", "DELETE"],
+                                               resources=["resourceslices"])],
+            variables=[
+                self._node_name_variable(),
+                k8s.Variable(name="slice",
+                             expression="request.operation == 'DELETE' ? oldObject : object"),
+            ],
+            validations=[
+                k8s.Validation(expression="variables.userNodeName != ''",
+                               message="no node is bound to this service account token; the driver must run in a "
+                                       "pod on its node"),
+                k8s.Validation(expression="(has(variables.slice.spec.nodeName) ? variables.slice.spec.nodeName : '') == "
+                                          "variables.userNodeName",
+                               message_expression="'this driver may only write ResourceSlices of node ' + "
+                                                  "variables.userNodeName"),
+                k8s.Validation(expression=f"variables.slice.spec.driver == '{s.driver_name}'",
+                               message=f"this service account may only write ResourceSlices of driver {s.driver_name}"),
+            ],
+        )
+
+    def _taint_policy(self, meta_labels: dict[str, str]) -> None:
+        """The plugin may patch only its own Node, and only to change its own readiness taint."""
+        taint = self.settings.readiness_taint
+
+        def unchanged(path: str, empty: str, keep: str = "") -> str:
+            """CEL: `path` (absent = `empty`) is the same before and after, after applying `keep` to both."""
+            side = [f"(has({obj}.{path}) ? {obj}.{path} : {empty}){keep}" for obj in ("object", "oldObject")]
+            return f"{side[0]} == {side[1]}"
+
+        only_taint = f"this driver may only add or remove the taint {taint} of its own node"
+        self._policy(
+            "node-taint", meta_labels,
+            rules=[k8s.NamedRuleWithOperations(api_groups=[""], api_versions=["v1"], operations=["UPDATE"],
+                                               resources=["nodes"])],
+            variables=[self._node_name_variable()],
+            validations=[
+                k8s.Validation(expression="variables.userNodeName != '' && object.metadata.name == "
+                                          "variables.userNodeName",
+                               message="this driver may only modify the node it runs on"),
+                k8s.Validation(expression=unchanged("spec.taints", "[]", f".filter(t, t.key != '{taint}')"),
+                               message=only_taint),
+                k8s.Validation(expression=" && ".join([unchanged("spec.unschedulable", "false"),
+                                                       unchanged("metadata.labels", "{}"),
+                                                       unchanged("metadata.annotations", "{}")]),
+                               message=only_taint),
+            ],
+        )
+
+    # --- the kubelet plugin -----------------------------------------------------------------
+
+    def _daemon_set(self, meta_labels: dict[str, str]) -> k8s.KubeDaemonSet:
+        s = self.settings
+        selector = {"app.kubernetes.io/name": s.name}
+
+        def host_path(name: str, path: str, kind: str) -> k8s.Volume:
+            return k8s.Volume(name=name, host_path=k8s.HostPathVolumeSource(path=path, type=kind))
+
+        volumes = [
+            host_path("plugins", KUBELET_PLUGINS_DIR, "DirectoryOrCreate"),
+            host_path("registry", KUBELET_REGISTRY_DIR, "Directory"),
+            host_path("cdi", CDI_ROOT, "DirectoryOrCreate"),
+            host_path("host-root", "/", "Directory"),
+        ]
+        mounts = [
+            # Sockets must have the same path inside the container and on the host (kubelet dials host paths).
+            k8s.VolumeMount(name="plugins", mount_path=KUBELET_PLUGINS_DIR),
+            k8s.VolumeMount(name="registry", mount_path=KUBELET_REGISTRY_DIR),
+            k8s.VolumeMount(name="cdi", mount_path=CDI_ROOT),
+            # Discovery reads sysfs and /dev of the host; HostToContainer shows device nodes created later.
+            k8s.VolumeMount(name="host-root", mount_path=HOST_ROOT, read_only=True,
+                            mount_propagation="HostToContainer"),
+        ]
+
+        def field_env(name: str, path: str) -> k8s.EnvVar:
+            return k8s.EnvVar(name=name, value_from=k8s.EnvVarSource(field_ref=k8s.ObjectFieldSelector(field_path=path)))
+
+        env = [
+            field_env("NODE_NAME", "spec.nodeName"),
+            # Per-pod socket names let the new pod of a rolling update start beside the old one (maxSurge: 1).
+            field_env("POD_UID", "metadata.uid"),
+            k8s.EnvVar(name="HOST_ROOT", value=HOST_ROOT),
+            k8s.EnvVar(name="KUBELET_PLUGINS_DIR", value=KUBELET_PLUGINS_DIR),
+            k8s.EnvVar(name="KUBELET_REGISTRY_DIR", value=KUBELET_REGISTRY_DIR),
+            k8s.EnvVar(name="CDI_ROOT", value=CDI_ROOT),
+            k8s.EnvVar(name="HEALTH_PORT", value=str(s.health_port)),
+            k8s.EnvVar(name="METRICS_PORT", value=str(s.metrics_port)),
+        ]
+        container = k8s.Container(
+            name="plugin",
+            image=s.image,
+            image_pull_policy="IfNotPresent",
+            command=["eks-dra-driver", s.family],
+            args=[f"--driver-name={s.driver_name}"],
+            env=env,
+            # No hostNetwork: the surge pod of a rolling update binds the same ports beside the old pod.
+            ports=[k8s.ContainerPort(name="health", container_port=s.health_port, protocol="TCP"),
+                   k8s.ContainerPort(name="metrics", container_port=s.metrics_port, protocol="TCP")],
+            liveness_probe=k8s.Probe(
+                grpc=k8s.GrpcAction(port=s.health_port, service=LIVENESS_SERVICE),
+                initial_delay_seconds=10, period_seconds=10, timeout_seconds=5, failure_threshold=3),
+            resources=k8s.ResourceRequirements(
+                requests={"cpu": k8s.Quantity.from_string("50m"), "memory": k8s.Quantity.from_string("64Mi")},
+                limits={"cpu": k8s.Quantity.from_string("500m"), "memory": k8s.Quantity.from_string("256Mi")},
+            ),
+            security_context=self._security_context(),
+            volume_mounts=mounts,
+            termination_message_policy="FallbackToLogsOnError",
+        )
+        return k8s.KubeDaemonSet(
+            self, "daemon-set",
+            metadata=k8s.ObjectMeta(name=s.name, namespace=s.namespace, labels=meta_labels),
+            spec=k8s.DaemonSetSpec(
+                selector=k8s.LabelSelector(match_labels=selector),
+                update_strategy=k8s.DaemonSetUpdateStrategy(
+                    type="RollingUpdate",
+                    rolling_update=k8s.RollingUpdateDaemonSet(max_surge=k8s.IntOrString.from_number(1),
+                                                              max_unavailable=k8s.IntOrString.from_number(0))),
+                template=k8s.PodTemplateSpec(
+                    metadata=k8s.ObjectMeta(labels={**meta_labels, **selector}),
+                    spec=k8s.PodSpec(
+                        service_account_name=s.name,
+                        priority_class_name="system-node-critical",
+                        affinity=labels.manager_affinity(s.family, labels.MANAGER_DRA),
+                        tolerations=[*labels.accelerator_tolerations(),
+                                     *(labels.tolerate(t) for t in dict.fromkeys((s.readiness_taint,
+                                                                                  *s.other_readiness_taints)))],
+                        containers=[container],
+                        volumes=volumes,
+                        termination_grace_period_seconds=30,
+                    ),
+                ),
+            ),
+        )
+
+    def _security_context(self) -> k8s.SecurityContext:
+        if self.settings.family == "gpu":
+            # NVML opens /dev/nvidiactl and /dev/nvidia<N> for discovery, XID/ECC health events and the
+            # time-slicing setting; the container's device cgroup grants those nodes only to a privileged
+            # container (there is no capability for it). Root also owns the kubelet socket and CDI dirs.
+            return k8s.SecurityContext(privileged=True, run_as_user=0, read_only_root_filesystem=True)
+        # EFA and Neuron discovery and health read sysfs only, and prepare writes CDI specs: root (owner
+        # of the kubelet plugin/registry dirs and /var/run/cdi) is enough, without any capability.
+        return k8s.SecurityContext(
+            privileged=False, run_as_user=0, run_as_non_root=False, allow_privilege_escalation=False,
+            read_only_root_filesystem=True, capabilities=k8s.Capabilities(drop=["ALL"]),
+            seccomp_profile=k8s.SeccompProfile(type="RuntimeDefault"))

@@ -1,0 +1,84 @@
+"""The vendor DRA drivers (`drivers: <family>: upstream`) as plain Helm-chart data for the CDK stack.
+
+Charts and values are the ones the EKS device-management guide installs (reference eks-accelerators.md
+§3.2-§3.6). The stack passes each spec to `Cluster.add_helm_chart`; nothing here imports the CDK. The vendor
+charts create their own DeviceClasses (`gpu.nvidia.com`, `mig.nvidia.com`, `efa.networking.k8s.aws`,
+`neuron.aws.com`), which the samples then use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import labels
+
+
+@dataclass(frozen=True)
+class HelmChartSpec:
+    id: str  # construct id and Helm release name
+    chart: str
+    repository: str  # https:// or oci://
+    version: str | None  # None: the chart's latest (the guide pins none for the Neuron chart)
+    namespace: str
+    values: dict[str, Any] = field(default_factory=dict)
+    create_namespace: bool = True
+
+
+def _dra_node_affinity(family: str) -> dict:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": labels.family_label(family), "operator": "In", "values": [labels.MANAGER_DRA]}]}
+    ]}}}
+
+
+def _tolerations() -> list[dict]:
+    return [{"key": key, "operator": "Exists", "effect": "NoSchedule"} for key in labels.ACCELERATOR_TAINTS]
+
+
+def nvidia_dra_driver() -> HelmChartSpec:
+    return HelmChartSpec(
+        id="dra-driver-nvidia-gpu",
+        chart="dra-driver-nvidia-gpu",
+        repository="oci://registry.k8s.io/dra-driver-nvidia/charts/dra-driver-nvidia-gpu",
+        version="0.4.1",
+        namespace="nvidia",
+        values={
+            "resources": {"computeDomains": {"enabled": False}},
+            # Required while KEP-5004 is not GA: the chart refuses GPU resources without the override.
+            "gpuResourcesEnabledOverride": True,
+            # The opaque TimeSlicing config of the time-slicing sample needs this alpha gate.
+            "featureGates": {"TimeSlicingSettings": True},
+            # The chart's default affinity (nvidia.com/gpu.present) also matches device-plugin GPU groups.
+            "kubeletPlugin": {"affinity": _dra_node_affinity("gpu"), "tolerations": _tolerations()},
+        },
+    )
+
+
+def aws_dranet() -> HelmChartSpec:
+    return HelmChartSpec(
+        id="aws-dranet",
+        chart="aws-dranet",
+        repository="https://aws.github.io/eks-charts",
+        version="1.0.0",
+        namespace="kube-system",
+        create_namespace=False,
+        # The chart tolerates nothing by default; accelerator nodes are tainted.
+        values={"tolerations": _tolerations()},
+    )
+
+
+def neuron_dra_driver() -> HelmChartSpec:
+    return HelmChartSpec(
+        id="neuron-helm-chart",
+        chart="neuron-helm-chart",
+        repository="oci://public.ecr.aws/neuron/neuron-helm-chart",
+        version=None,
+        namespace="neuron-dra-driver",
+        values={"devicePlugin": {"enabled": False}, "npd": {"enabled": False}, "draDriver": {"enabled": True}},
+    )
+
+
+UPSTREAM_CHARTS = {"gpu": nvidia_dra_driver, "efa": aws_dranet, "neuron": neuron_dra_driver}
+# Families whose vendor chart cannot be pinned to DRA node groups by a documented value: their DaemonSet
+# would also run on device-plugin node groups (dranet selects by instance type, the Neuron chart by its own).
+UNPINNABLE = ("efa", "neuron")
