@@ -1,0 +1,92 @@
+"""`python -m eks_dra.drivers.gpu_check` (`make gpu-check`): GPU discovery on the real host, read-only.
+
+Prints what sysfs and NVML each report about the NVIDIA GPUs, the inventory's readiness and health, and
+the ResourceSlice(s) the gpu driver would publish, as YAML. Needs no Kubernetes API and writes nothing;
+needs only nvidia-ml-py, PyYAML and this package. Exit codes: 0 ready, 1 no NVIDIA GPU or no NVML,
+3 GPUs found but the inventory is not ready (the reason is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from pathlib import Path
+
+from eks_dra.devices import DEFAULT_DRIVER_NAMES, resource_slices
+
+from . import discovery
+from .nvml import NvmlBackend, NvmlUnavailable
+
+
+def _sysfs_table(host_root: Path, problems: list[str]) -> list[discovery.PciFunction]:
+    return [f for f in discovery.list_pci_functions(host_root, discovery.NVIDIA_VENDOR, problems)
+            if f.class_code >> 8 in discovery.GPU_PCI_CLASSES]
+
+
+def check(host_root: Path, node_name: str, driver: str, nvml: NvmlBackend | None, out=sys.stdout) -> int:
+    import yaml
+
+    problems: list[str] = []
+    pci = _sysfs_table(host_root, problems)
+    print(f"# host root {host_root}, node {node_name}, driver {driver}", file=out)
+    it = discovery.instance_type_of(host_root)
+    print(f"# instance type (DMI): {it.name if it else 'not in the eks-dra catalog'}", file=out)
+    print(f"# sysfs: {len(pci)} NVIDIA GPU PCI functions", file=out)
+    for f in pci:
+        print(f"#   {f.address} device={f.device:#06x} class={f.class_code:#08x} numa={f.numa_node} "
+              f"pcieRoot={f.root}", file=out)
+    for p in problems:
+        print(f"#   problem: {p}", file=out)
+    if nvml is None:
+        print("error: NVML is unavailable (nvidia-ml-py installed? libnvidia-ml.so.1 and the NVIDIA driver "
+              "loaded?)", file=sys.stderr)
+        return 1
+    gpus = nvml.gpus()
+    print(f"# NVML: driver {nvml.driver_version()}, {len(gpus)} GPUs", file=out)
+    for g in gpus:
+        sms = g.multiprocessors if g.multiprocessors else "n/a"
+        print(f"#   minor {g.minor} {g.pci_address} {g.uuid} {g.name!r} {g.architecture} cc {g.cuda_compute_capability}"
+              f" {g.memory_mib}Mi sms {sms} pciDeviceId {g.pci_device_id:#06x} mig {'on' if g.mig_enabled else 'off'}"
+              f" ({len(g.migs)} MIG devices)", file=out)
+        for m in g.migs:
+            print(f"#     {m.profile} gi {m.gpu_instance_id} ci {m.compute_instance_id} {m.uuid} {m.memory_mib}Mi"
+                  f" sms {m.multiprocessors}", file=out)
+    if not pci and not gpus:
+        print("error: no NVIDIA GPU found in sysfs or NVML", file=sys.stderr)
+        return 1
+    only_sysfs = {f.address for f in pci} - {g.pci_address for g in gpus}
+    only_nvml = {g.pci_address for g in gpus} - {f.address for f in pci}
+    for a in sorted(only_sysfs):
+        print(f"# MISMATCH: {a} is on the PCI bus but NVML does not report it", file=out)
+    for a in sorted(only_nvml):
+        print(f"# MISMATCH: NVML reports {a} but sysfs has no such PCI function", file=out)
+    inventory = discovery.discover("gpu", host_root, node_name, nvml=nvml)
+    print(f"# inventory: ready={inventory.ready} ({inventory.reason})", file=out)
+    print(f"# common device nodes: {', '.join(inventory.common_device_nodes) or 'none'}", file=out)
+    for d in inventory.devices:
+        state = "healthy" if d.healthy else f"UNHEALTHY: {d.health_reason}"
+        print(f"#   {d.device.name}: {state}; nodes {' '.join(d.device_nodes)}", file=out)
+    published = [d.device for d in inventory.devices if d.healthy]
+    yaml.safe_dump_all(resource_slices(driver, node_name, published), out, sort_keys=False)
+    return 0 if inventory.ready else 3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eks_dra.drivers.gpu_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--host-root", type=Path, default=Path("/"))
+    parser.add_argument("--node-name", default=socket.gethostname())
+    parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAMES.gpu)
+    args = parser.parse_args(argv)
+    try:
+        from .nvml import Nvml
+
+        nvml: NvmlBackend | None = Nvml()
+    except NvmlUnavailable as exc:
+        print(f"# NVML unavailable: {exc}", file=sys.stderr)
+        nvml = None
+    return check(args.host_root, args.node_name, args.driver_name, nvml)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
