@@ -1,0 +1,401 @@
+"""Load manifests (multi-document YAML or JSON, List kinds) into DeviceClasses, claims and pods.
+
+Kinds read: DeviceClass, ResourceClaim, ResourceClaimTemplate (resource.k8s.io v1, v1beta2, and the flat
+v1beta1 request shape), Pod, and the pod templates of Deployment, ReplicaSet, StatefulSet, Job and CronJob.
+Anything else (Services, RBAC, driver DaemonSets, ...) is skipped. Every problem raises UserError naming the
+file, the object and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eks_dra.errors import UserError
+
+from .cel_env import CelEnvironment, Selector
+from .model import (
+    ClaimSpec,
+    DeviceClass,
+    DeviceRequest,
+    MatchAttribute,
+    NodeSelectorRequirement,
+    PlanClaim,
+    PlanPod,
+    Request,
+    Source,
+    Toleration,
+)
+
+RESOURCE_API_VERSIONS = ("resource.k8s.io/v1", "resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1")
+MAX_REQUESTS = 32  # DeviceRequestsMaxSize
+MAX_CONSTRAINTS = 32
+MAX_SELECTORS = 32
+MAX_SUBREQUESTS = 8  # FirstAvailableDeviceRequestMaxSize
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_QUALIFIED = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z_][A-Za-z0-9_]*$")
+_WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job", "CronJob")
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+
+
+@dataclass
+class Manifests:
+    classes: dict[str, DeviceClass] = field(default_factory=dict)
+    claims: list[PlanClaim] = field(default_factory=list)  # in plan order
+    pods: list[PlanPod] = field(default_factory=list)  # in plan order
+
+
+@dataclass
+class _Doc:
+    obj: dict
+    file: str
+    order: int
+
+    @property
+    def kind(self) -> str:
+        return str(self.obj.get("kind", ""))
+
+    @property
+    def meta(self) -> dict:
+        meta = self.obj.get("metadata")
+        return meta if isinstance(meta, dict) else {}
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name", ""))
+
+    @property
+    def namespace(self) -> str:
+        return str(self.meta.get("namespace") or "default")
+
+    def source(self, namespaced: bool = True) -> Source:
+        return Source(self.file, self.kind, self.name or "<unnamed>", self.namespace if namespaced else None)
+
+
+def read_documents(paths: list[Path]) -> list[_Doc]:
+    """Every object in the files, List kinds flattened, in file and document order."""
+    docs: list[_Doc] = []
+    for path in paths:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        try:
+            loaded = list(yaml.safe_load_all(text))
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}" if mark else str(path)
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise UserError(f"{where}: not valid YAML or JSON: {problem}") from None
+        for i, obj in enumerate(loaded):
+            if obj is None:
+                continue
+            if not isinstance(obj, dict) or "kind" not in obj:
+                raise UserError(f"{path}: document {i + 1} is not a Kubernetes object (a mapping with a kind)")
+            items = obj.get("items") if str(obj["kind"]).endswith("List") else None
+            for item in items if isinstance(items, list) else [obj]:
+                if not isinstance(item, dict) or "kind" not in item:
+                    raise UserError(f"{path}: document {i + 1}: a List item is not a Kubernetes object")
+                docs.append(_Doc(item, str(path), len(docs)))
+    return docs
+
+
+class _Loader:
+    def __init__(self, env: CelEnvironment) -> None:
+        self.env = env
+        self.classes: dict[str, DeviceClass] = {}
+        self._specs: dict[str, ClaimSpec] = {}  # canonical key -> parsed spec (shared by identical claims)
+        self._seen: set[tuple[str, str, str]] = set()
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _unique(self, doc: _Doc, namespaced: bool) -> None:
+        if not doc.name:
+            raise UserError(f"{doc.file}: {doc.kind} without metadata.name")
+        key = (doc.kind, doc.namespace if namespaced else "", doc.name)
+        if key in self._seen:
+            raise UserError(f"{doc.source(namespaced)}: defined twice; each object may appear once")
+        self._seen.add(key)
+
+    @staticmethod
+    def _mapping(value: Any, where: str, required: bool = True) -> dict:
+        if value is None and not required:
+            return {}
+        if not isinstance(value, dict):
+            raise UserError(f"{where}: must be a mapping")
+        return value
+
+    @staticmethod
+    def _list(value: Any, where: str, limit: int | None = None) -> list:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise UserError(f"{where}: must be a list")
+        if limit is not None and len(value) > limit:
+            raise UserError(f"{where}: has {len(value)} entries, at most {limit} are allowed")
+        return value
+
+    def _selectors(self, value: Any, where: str) -> tuple[Selector, ...]:
+        out = []
+        for i, sel in enumerate(self._list(value, where, MAX_SELECTORS)):
+            cel_part = self._mapping(sel, f"{where}[{i}]").get("cel")
+            if cel_part is None:
+                raise UserError(f"{where}[{i}].cel: missing (the only selector type is cel)")
+            expr = self._mapping(cel_part, f"{where}[{i}].cel").get("expression")
+            out.append(self.env.compile(expr, f"{where}[{i}].cel.expression"))
+        return tuple(out)
+
+    # -- DeviceClass ---------------------------------------------------------------------------
+    def device_class(self, doc: _Doc) -> None:
+        self._unique(doc, namespaced=False)
+        where = str(doc.source(namespaced=False))
+        spec = self._mapping(doc.obj.get("spec"), f"{where}: spec", required=False)
+        selectors = self._selectors(spec.get("selectors"), f"{where}: spec.selectors")
+        self.classes[doc.name] = DeviceClass(doc.name, selectors, doc.source(namespaced=False))
+
+    # -- claims ------------------------------------------------------------------------------------
+    def claim_spec(self, spec: Any, where: str, path: str, api_version: str) -> ClaimSpec:
+        spec = self._mapping(spec, f"{where}: {path}", required=False)
+        devices = self._mapping(spec.get("devices"), f"{where}: {path}.devices", required=False)
+        key = json.dumps([api_version, devices], sort_keys=True, default=str)
+        cached = self._specs.get(key)
+        if cached is not None:
+            return cached
+        dpath = f"{path}.devices"
+        raw_requests = self._list(devices.get("requests"), f"{where}: {dpath}.requests", MAX_REQUESTS)
+        requests: list[Request] = []
+        names: set[str] = set()
+        for i, raw in enumerate(raw_requests):
+            rpath = f"{dpath}.requests[{i}]"
+            raw = self._mapping(raw, f"{where}: {rpath}")
+            name = raw.get("name")
+            if not isinstance(name, str) or not _DNS_LABEL.match(name) or len(name) > 63:
+                raise UserError(f"{where}: {rpath}.name: {name!r} must be a DNS label (lower case, digits, '-')")
+            if name in names:
+                raise UserError(f"{where}: {rpath}.name: duplicate request name {name!r}")
+            names.add(name)
+            requests.append(self.request(raw, name, where, rpath, api_version))
+        valid_refs = {r.name for r in requests} | {
+            a.result_name for r in requests if r.first_available for a in r.alternatives}
+        constraints = []
+        for i, raw in enumerate(self._list(devices.get("constraints"), f"{where}: {dpath}.constraints",
+                                           MAX_CONSTRAINTS)):
+            cpath = f"{dpath}.constraints[{i}]"
+            raw = self._mapping(raw, f"{where}: {cpath}")
+            refs = self._list(raw.get("requests"), f"{where}: {cpath}.requests")
+            for j, ref in enumerate(refs):
+                if ref not in valid_refs:
+                    raise UserError(f"{where}: {cpath}.requests[{j}]: {ref!r} is not a request of this claim "
+                                    f"(requests: {', '.join(sorted(valid_refs)) or 'none'})")
+            if raw.get("distinctAttribute") is not None:
+                raise UserError(f"{where}: {cpath}.distinctAttribute: needs the alpha feature gate "
+                                "DRAConsumableCapacity, which is off in Kubernetes 1.34; use matchAttribute")
+            attr = raw.get("matchAttribute")
+            if not isinstance(attr, str) or not _QUALIFIED.match(attr):
+                raise UserError(f"{where}: {cpath}.matchAttribute: {attr!r} must be a fully qualified attribute "
+                                "name <domain>/<name>, e.g. resource.kubernetes.io/pcieRoot")
+            constraints.append(MatchAttribute(attr, tuple(refs), i))
+        parsed = ClaimSpec(tuple(requests), tuple(constraints), key)
+        self._specs[key] = parsed
+        return parsed
+
+    def request(self, raw: dict, name: str, where: str, rpath: str, api_version: str) -> Request:
+        if api_version.endswith("v1beta1"):
+            # v1beta1 kept the exact request's fields on the request itself.
+            if "firstAvailable" in raw:
+                subs = raw["firstAvailable"]
+                raw = {"name": name, "firstAvailable": subs}
+            else:
+                raw = {"name": name, "exactly": {k: v for k, v in raw.items() if k != "name"}}
+        exactly, first = raw.get("exactly"), raw.get("firstAvailable")
+        if (exactly is None) == (first is None):
+            raise UserError(f"{where}: {rpath}: set exactly one of exactly or firstAvailable")
+        if exactly is not None:
+            alt = self.device_request(self._mapping(exactly, f"{where}: {rpath}.exactly"), name, None,
+                                      where, f"{rpath}.exactly")
+            return Request(name, (alt,), first_available=False)
+        subs = self._list(first, f"{where}: {rpath}.firstAvailable", MAX_SUBREQUESTS)
+        if not subs:
+            raise UserError(f"{where}: {rpath}.firstAvailable: needs at least one subrequest")
+        alts, seen = [], set()
+        for j, sub in enumerate(subs):
+            spath = f"{rpath}.firstAvailable[{j}]"
+            sub = self._mapping(sub, f"{where}: {spath}")
+            sub_name = sub.get("name")
+            if not isinstance(sub_name, str) or not _DNS_LABEL.match(sub_name) or sub_name in seen:
+                raise UserError(f"{where}: {spath}.name: {sub_name!r} must be a unique DNS label")
+            seen.add(sub_name)
+            if "adminAccess" in sub:
+                raise UserError(f"{where}: {spath}.adminAccess: not a field of a subrequest")
+            alts.append(self.device_request(sub, name, sub_name, where, spath))
+        return Request(name, tuple(alts), first_available=True)
+
+    def device_request(self, raw: dict, name: str, sub: str | None, where: str, path: str) -> DeviceRequest:
+        class_name = raw.get("deviceClassName")
+        if not isinstance(class_name, str) or not class_name:
+            raise UserError(f"{where}: {path}.deviceClassName: required")
+        device_class = self.classes.get(class_name)
+        if device_class is None:
+            known = ", ".join(sorted(self.classes)) or "none in the given files"
+            raise UserError(f"{where}: {path}.deviceClassName: device class {class_name} not found "
+                            f"(known: {known}); add its DeviceClass to the files")
+        mode = raw.get("allocationMode") or "ExactCount"
+        if mode not in ("ExactCount", "All"):
+            raise UserError(f"{where}: {path}.allocationMode: {mode!r} must be ExactCount or All")
+        count = raw.get("count")
+        if mode == "All" and count is not None:
+            raise UserError(f"{where}: {path}.count: must not be set when allocationMode is All")
+        if count is None:
+            count = 1
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise UserError(f"{where}: {path}.count: {count!r} must be a positive integer")
+        admin = raw.get("adminAccess", False)
+        if not isinstance(admin, bool):
+            raise UserError(f"{where}: {path}.adminAccess: must be true or false")
+        selectors = self._selectors(raw.get("selectors"), f"{where}: {path}.selectors")
+        return DeviceRequest(name, sub, device_class, selectors, mode == "All", count, admin, path)
+
+
+def _tolerations(value: Any, where: str) -> tuple[Toleration, ...]:
+    out = []
+    for i, t in enumerate(_Loader._list(value, f"{where}.tolerations")):
+        t = _Loader._mapping(t, f"{where}.tolerations[{i}]")
+        out.append(Toleration(t.get("key"), t.get("operator") or "Equal", t.get("value"), t.get("effect")))
+    return tuple(out)
+
+
+def _affinity(spec: dict, where: str) -> tuple[tuple[NodeSelectorRequirement, ...], ...]:
+    node_affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {})
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = []
+    for term in _Loader._list(required.get("nodeSelectorTerms"), f"{where}.affinity"):
+        reqs = []
+        for req in (term or {}).get("matchExpressions") or []:
+            reqs.append(NodeSelectorRequirement(str(req.get("key")), str(req.get("operator")),
+                                                tuple(str(v) for v in req.get("values") or ())))
+        for req in (term or {}).get("matchFields") or []:
+            if req.get("key") == "metadata.name":
+                reqs.append(NodeSelectorRequirement("metadata.name", str(req.get("operator")),
+                                                    tuple(str(v) for v in req.get("values") or ())))
+        terms.append(tuple(reqs))
+    return tuple(terms)
+
+
+def _pod_count(doc: _Doc) -> tuple[dict, int]:
+    """(pod spec, number of pods running at once) of a workload."""
+    spec = doc.obj.get("spec") or {}
+    if doc.kind == "Pod":
+        return spec, 1
+    if doc.kind == "CronJob":
+        spec = ((spec.get("jobTemplate") or {}).get("spec")) or {}
+    template = (spec.get("template") or {}).get("spec") or {}
+    if doc.kind in ("Job", "CronJob"):
+        parallelism = spec.get("parallelism", 1)
+        completions = spec.get("completions")
+        count = min(parallelism, completions) if isinstance(completions, int) else parallelism
+    else:
+        count = spec.get("replicas", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise UserError(f"{doc.source()}: spec: replicas/parallelism must be a non-negative integer")
+    return template, count
+
+
+def load_manifests(paths: list[Path], env: CelEnvironment) -> Manifests:
+    """Parse every DeviceClass, claim, template and claim-using workload in the files."""
+    docs = read_documents(paths)
+    loader = _Loader(env)
+    for doc in docs:  # classes first: claims may come before their class in the files
+        if doc.kind == "DeviceClass" and doc.obj.get("apiVersion") in RESOURCE_API_VERSIONS:
+            loader.device_class(doc)
+    namespaces_with_admin = {d.name for d in docs if d.kind == "Namespace"
+                             and (d.meta.get("labels") or {}).get(ADMIN_ACCESS_LABEL) == "true"}
+    known_namespaces = {d.name for d in docs if d.kind == "Namespace"}
+
+    claims: dict[tuple[str, str], tuple[_Doc, PlanClaim]] = {}
+    templates: dict[tuple[str, str], tuple[_Doc, ClaimSpec]] = {}
+    for doc in docs:
+        api = str(doc.obj.get("apiVersion", ""))
+        if doc.kind not in ("ResourceClaim", "ResourceClaimTemplate"):
+            continue
+        if api not in RESOURCE_API_VERSIONS:
+            raise UserError(f"{doc.source()}: apiVersion {api!r} is not one of {', '.join(RESOURCE_API_VERSIONS)}")
+        loader._unique(doc, namespaced=True)
+        where = str(doc.source())
+        if doc.kind == "ResourceClaim":
+            spec = loader.claim_spec(doc.obj.get("spec"), where, "spec", api)
+            claims[(doc.namespace, doc.name)] = (doc, PlanClaim(doc.name, doc.namespace, spec, doc.source()))
+        else:
+            inner = _Loader._mapping(doc.obj.get("spec"), f"{where}: spec")
+            spec = loader.claim_spec(inner.get("spec"), where, "spec.spec", api)
+            templates[(doc.namespace, doc.name)] = (doc, spec)
+        for req in spec.requests:
+            for alt in req.alternatives:
+                if alt.admin_access and doc.namespace in known_namespaces \
+                        and doc.namespace not in namespaces_with_admin:
+                    raise UserError(f"{where}: {alt.field}.adminAccess: namespace {doc.namespace} needs the label "
+                                    f"{ADMIN_ACCESS_LABEL}: \"true\" for admin access")
+
+    # Pods in document order; each unreferenced claim or template stands in as one implicit pod.
+    units: list[tuple[int, PlanPod]] = []
+    used_claims: set[tuple[str, str]] = set()
+    used_templates: set[tuple[str, str]] = set()
+    for doc in docs:
+        if doc.kind != "Pod" and doc.kind not in _WORKLOAD_KINDS:
+            continue
+        pod_spec, count = _pod_count(doc)
+        entries = pod_spec.get("resourceClaims") or []
+        if not entries:
+            continue
+        where = f"{doc.source()}: {'spec' if doc.kind == 'Pod' else 'pod template spec'}"
+        for i in range(count):
+            pod_name = doc.name if doc.kind == "Pod" else f"{doc.name}-{i}"
+            pod_claims: list[PlanClaim] = []
+            for j, entry in enumerate(_Loader._list(entries, f"{where}.resourceClaims")):
+                entry = _Loader._mapping(entry, f"{where}.resourceClaims[{j}]")
+                claim_name, template_name = entry.get("resourceClaimName"), entry.get("resourceClaimTemplateName")
+                if (claim_name is None) == (template_name is None):
+                    raise UserError(f"{where}.resourceClaims[{j}]: set exactly one of resourceClaimName or "
+                                    "resourceClaimTemplateName")
+                if claim_name is not None:
+                    found = claims.get((doc.namespace, claim_name))
+                    if found is None:
+                        raise UserError(f"{where}.resourceClaims[{j}].resourceClaimName: ResourceClaim "
+                                        f"{doc.namespace}/{claim_name} is not in the given files")
+                    used_claims.add((doc.namespace, claim_name))
+                    if found[1] not in pod_claims:
+                        pod_claims.append(found[1])
+                else:
+                    found_t = templates.get((doc.namespace, template_name))
+                    if found_t is None:
+                        raise UserError(f"{where}.resourceClaims[{j}].resourceClaimTemplateName: "
+                                        f"ResourceClaimTemplate {doc.namespace}/{template_name} is not in the given files")
+                    used_templates.add((doc.namespace, template_name))
+                    tdoc, tspec = found_t
+                    pod_claims.append(PlanClaim(f"{pod_name}-{entry.get('name')}", doc.namespace, tspec,
+                                                tdoc.source()))
+            pod = PlanPod(pod_name, doc.namespace, pod_claims, doc.source(),
+                          node_selector={str(k): str(v) for k, v in (pod_spec.get("nodeSelector") or {}).items()},
+                          affinity_terms=_affinity(pod_spec, where),
+                          tolerations=_tolerations(pod_spec.get("tolerations"), where))
+            units.append((doc.order, pod))
+    for key, (doc, claim) in claims.items():
+        if key not in used_claims:
+            units.append((doc.order, PlanPod(claim.name, claim.namespace, [claim], doc.source(), implicit=True)))
+    for key, (doc, tspec) in templates.items():
+        if key not in used_templates:
+            claim = PlanClaim(doc.name, doc.namespace, tspec, doc.source())
+            units.append((doc.order, PlanPod(doc.name, doc.namespace, [claim], doc.source(), implicit=True)))
+    units.sort(key=lambda u: u[0])
+    pods = [pod for _, pod in units]
+    ordered_claims: list[PlanClaim] = []
+    listed: set[int] = set()
+    for pod in pods:
+        for claim in pod.claims:
+            if id(claim) not in listed:
+                listed.add(id(claim))
+                ordered_claims.append(claim)
+    return Manifests(loader.classes, ordered_claims, pods)

@@ -1,0 +1,92 @@
+"""`eks-dra plan`: allocate ResourceClaims offline on simulated nodes, before any node exists.
+
+    eks-dra plan --instance-type p5.48xlarge --nodes 2 --claims claims.yaml [--output json]
+    eks-dra plan -c env=dev          # the environment's DRA node groups and dist/dev/*.k8s.yaml
+
+Exit codes: 0 every claim allocated, 1 at least one is not, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from eks_dra.errors import UserError
+
+from .cel_env import CelEnvironment
+from .claims import load_manifests
+from .options import driver_names
+from .plan import Planner, PlanResult
+from .report import to_json, to_table
+from .simulate import nodes_for_environment, nodes_for_instance_type
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--instance-type", help="simulate nodes of this instance type (e.g. p5.48xlarge)")
+    parser.add_argument("--nodes", type=int, default=1, help="number of simulated nodes (default 1)")
+    parser.add_argument("--claims", nargs="+", type=Path, metavar="FILE",
+                        help="YAML/JSON manifests: DeviceClasses, ResourceClaims, ResourceClaimTemplates, workloads")
+    parser.add_argument("--mig-profile", help="static MIG: every GPU split into this profile (e.g. 1g.10gb)")
+    parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE",
+                        help="env=NAME plans the environment's DRA node groups and its synthesized manifests")
+    parser.add_argument("--config-dir", type=Path, default=Path("config"), help="environment configs (default config)")
+    parser.add_argument("--dist-dir", type=Path, default=Path("dist"), help="synthesized manifests (default dist)")
+    parser.add_argument("--driver-name", action="append", default=[], metavar="FAMILY=NAME",
+                        help="driver name of a device family (gpu, efa, neuron) if not the eks-dra default")
+
+
+def _environment_name(contexts: list[str]) -> str | None:
+    env = None
+    for item in contexts:
+        key, sep, value = item.partition("=")
+        if not sep or not value:
+            raise UserError(f"-c {item!r}: expected KEY=VALUE, e.g. -c env=dev")
+        if key == "env":
+            env = value
+    return env
+
+
+def build_plan(args: argparse.Namespace) -> PlanResult:
+    env_name = _environment_name(args.context)
+    if env_name is not None:
+        if args.instance_type:
+            raise UserError("give either --instance-type or -c env=NAME, not both")
+        from eks_dra.config import load_environment
+
+        environment = load_environment(env_name, args.config_dir)
+        nodes = nodes_for_environment(environment)
+        files = args.claims
+        if not files:
+            dist = args.dist_dir / env_name
+            if not dist.is_dir():
+                raise UserError(f"{dist} does not exist: run `make synth ENV={env_name}` first "
+                                "(it writes the environment's manifests that the plan reads)")
+            files = sorted(dist.glob("*.k8s.yaml"))
+            if not files:
+                raise UserError(f"{dist} holds no *.k8s.yaml manifests: run `make synth ENV={env_name}`")
+    else:
+        if not args.instance_type:
+            raise UserError("give --instance-type T (with --claims FILE...) or -c env=NAME")
+        if not args.claims:
+            raise UserError("--claims FILE... is required with --instance-type")
+        nodes = nodes_for_instance_type(args.instance_type, args.nodes, names=driver_names(args.driver_name),
+                                        mig_profile=args.mig_profile)
+        files = args.claims
+    env = CelEnvironment()
+    manifests = load_manifests(list(files), env)
+    return Planner(env, nodes).run(manifests.claims, manifests.pods)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = build_plan(args)
+    if args.output == "json":
+        json.dump(to_json(result), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        for warning in result.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+    else:
+        print(to_table(result))
+    return 0 if result.all_allocated else 1

@@ -1,0 +1,144 @@
+"""The planner's view of the input: DeviceClasses, claims (with parsed requests) and the pods that use them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .cel_env import Selector
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an object came from, for messages: `claims.yaml: ResourceClaim default/foo`."""
+
+    file: str
+    kind: str
+    name: str
+    namespace: str | None = None
+
+    def __str__(self) -> str:
+        ref = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"{self.file}: {self.kind} {ref}"
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    name: str
+    selectors: tuple[Selector, ...]
+    source: Source
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceRequest:
+    """An `exactly` request or one `firstAvailable` subrequest: what one result entry is allocated for."""
+
+    request: str  # the main request's name
+    subrequest: str | None
+    device_class: DeviceClass
+    selectors: tuple[Selector, ...]
+    all_devices: bool  # allocationMode: All
+    count: int  # ExactCount only
+    admin_access: bool
+    field: str  # spec path, for messages
+
+    @property
+    def result_name(self) -> str:
+        """The name in allocation results: `req` or `req/sub`."""
+        return f"{self.request}/{self.subrequest}" if self.subrequest else self.request
+
+    @property
+    def match_key(self) -> tuple:
+        """Requests with equal keys select the same devices (class and request selectors)."""
+        return (self.device_class.name, tuple(s.expression for s in self.selectors))
+
+
+@dataclass(frozen=True, eq=False)
+class Request:
+    name: str
+    alternatives: tuple[DeviceRequest, ...]  # one for `exactly`, in order for `firstAvailable`
+    first_available: bool
+
+
+@dataclass(frozen=True)
+class MatchAttribute:
+    """`matchAttribute` over some requests (all of the claim's when `requests` is empty)."""
+
+    attribute: str  # fully qualified
+    requests: tuple[str, ...]
+    index: int
+
+    def applies(self, request: DeviceRequest) -> bool:
+        if not self.requests:
+            return True
+        return request.request in self.requests or (
+            request.subrequest is not None and request.result_name in self.requests)
+
+    def label(self, claim_requests: tuple[Request, ...]) -> str:
+        names = self.requests or tuple(r.name for r in claim_requests)
+        return f"[{', '.join(names)}]"
+
+
+@dataclass(frozen=True, eq=False)
+class ClaimSpec:
+    requests: tuple[Request, ...]
+    constraints: tuple[MatchAttribute, ...]
+    key: str  # canonical JSON of spec.devices: identical claims share one parsed spec
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    request: str  # result name
+    driver: str
+    pool: str
+    device: str
+    attributes: dict
+
+
+@dataclass(eq=False)
+class PlanClaim:
+    """One ResourceClaim of the plan: given in the files, or instantiated from a template for one pod."""
+
+    name: str
+    namespace: str
+    spec: ClaimSpec
+    source: Source
+    allocated: bool = False
+    node: str | None = None
+    devices: list[AllocatedDevice] = field(default_factory=list)
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str | None
+    operator: str  # Equal | Exists
+    value: str | None
+    effect: str | None
+
+
+@dataclass(frozen=True)
+class NodeSelectorRequirement:
+    key: str
+    operator: str  # In NotIn Exists DoesNotExist Gt Lt
+    values: tuple[str, ...]
+
+
+@dataclass(eq=False)
+class PlanPod:
+    """A pod whose claims must all be allocated on one node (implicit pods stand in for unused claims)."""
+
+    name: str
+    namespace: str
+    claims: list[PlanClaim]
+    source: Source
+    implicit: bool = False
+    node_selector: dict[str, str] = field(default_factory=dict)
+    # requiredDuringScheduling node affinity: OR of terms, each an AND of requirements.
+    affinity_terms: tuple[tuple[NodeSelectorRequirement, ...], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    node: str | None = None
+    reason: str | None = None
+
+    @property
+    def scheduling_key(self) -> tuple:
+        return (tuple(sorted(self.node_selector.items())), self.affinity_terms, self.tolerations)

@@ -1,0 +1,221 @@
+"""Schedule the plan's pods node by node, like kube-scheduler's DynamicResources filter.
+
+Pods go in file order (the scheduler's queue order for pods of equal priority); for each pod the nodes are
+tried in a stable order and the first one where all its unallocated claims fit together wins. kube-scheduler
+would score the feasible nodes and may pick another one: the plan shows one valid placement, and which claims
+can be allocated at all. A claim shared by several pods is allocated once; every later pod using it must run
+on that claim's node. Allocations only ever take devices away, so a pod shape that failed on a node fails
+there again: such nodes are skipped without another search.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .allocator import AllocationError, Matcher, NodeSearch
+from .cel_env import CelEnvironment
+from .diagnose import explain_static
+from .model import AllocatedDevice, DeviceRequest, PlanClaim, PlanPod, Toleration
+from .simulate import SimDevice, SimNode
+
+_ATTRIBUTE_REF = re.compile(
+    r"attributes\s*\[\s*[\"']([^\"']+)[\"']\s*\]\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*[\"']([^\"']+)[\"']\s*\])")
+
+
+@dataclass
+class PlanResult:
+    claims: list[PlanClaim]
+    pods: list[PlanPod]
+    nodes: list[SimNode]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def all_allocated(self) -> bool:
+        return all(c.allocated for c in self.claims) and not any(p.reason for p in self.pods)
+
+
+# --- node placement (nodeSelector, required node affinity, taints) ------------------------------------
+
+def _tolerates(tolerations: tuple[Toleration, ...], key: str, value: str, effect: str) -> bool:
+    for t in tolerations:
+        if t.effect and t.effect != effect:
+            continue
+        if t.operator == "Exists" and (not t.key or t.key == key):
+            return True
+        if t.operator == "Equal" and t.key == key and (t.value or "") == value:
+            return True
+    return False
+
+
+def placement_problem(pod: PlanPod, node: SimNode) -> str | None:
+    """Why the pod may not run on the node (labels and taints); None when it may."""
+    if pod.implicit:
+        return None
+    for key, value in pod.node_selector.items():
+        if node.labels.get(key) != value:
+            return f"nodeSelector {key}={value} does not match"
+    if pod.affinity_terms and not any(_term_matches(term, node) for term in pod.affinity_terms):
+        return "required node affinity does not match"
+    for key, value, effect in node.taints:
+        if effect in ("NoSchedule", "NoExecute") and not _tolerates(pod.tolerations, key, value, effect):
+            return f"taint {key}={value}:{effect} is not tolerated"
+    return None
+
+
+def _term_matches(term, node: SimNode) -> bool:
+    if not term:
+        return False  # an empty node selector term matches no node
+    for req in term:
+        actual = node.name if req.key == "metadata.name" else node.labels.get(req.key)
+        op = req.operator
+        if op == "In" and actual not in req.values:
+            return False
+        if op == "NotIn" and actual in req.values:
+            return False
+        if op == "Exists" and actual is None:
+            return False
+        if op == "DoesNotExist" and actual is not None:
+            return False
+        if op in ("Gt", "Lt"):
+            try:
+                a, b = int(actual or ""), int(req.values[0])
+            except (ValueError, IndexError):
+                return False
+            if (op == "Gt" and not a > b) or (op == "Lt" and not a < b):
+                return False
+    return True
+
+
+# --- the attributes that mattered --------------------------------------------------------------------
+
+def _referenced_attributes(request: DeviceRequest, constraint_attrs: list[str]) -> list[str]:
+    names = list(constraint_attrs)
+    for selector in (*request.device_class.selectors, *request.selectors):
+        for domain, ident, indexed in _ATTRIBUTE_REF.findall(selector.expression):
+            name = f"{domain}/{ident or indexed}"
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _plain(value: tuple[str, object]) -> object:
+    return value[1]
+
+
+def allocated_device(claim: PlanClaim, request: DeviceRequest, device: SimDevice) -> AllocatedDevice:
+    constraint_attrs = [c.attribute for c in claim.spec.constraints if c.applies(request)]
+    attributes = {}
+    for name in _referenced_attributes(request, constraint_attrs):
+        value = device.attribute(name)
+        if value is not None:
+            attributes[name] = _plain(value)
+    return AllocatedDevice(request.result_name, device.driver, device.pool, device.name, attributes)
+
+
+# --- the scheduling loop -----------------------------------------------------------------------------
+
+class Planner:
+    def __init__(self, env: CelEnvironment, nodes: list[SimNode]) -> None:
+        self.nodes = nodes
+        self.matcher = Matcher(env)
+        self._failed: dict[tuple, set[int]] = {}
+
+    def run(self, claims: list[PlanClaim], pods: list[PlanPod]) -> PlanResult:
+        result = PlanResult(claims, pods, self.nodes)
+        for pod in pods:
+            self.schedule(pod)
+            if pod.reason and all(c.allocated for c in pod.claims):
+                result.warnings.append(f"pod {pod.namespace}/{pod.name}: {pod.reason}")
+        return result
+
+    def schedule(self, pod: PlanPod) -> None:
+        pending = [c for c in pod.claims if not c.allocated]
+        pinned = sorted({c.node for c in pod.claims if c.allocated and c.node})
+        if len(pinned) > 1:
+            self._fail(pod, pending, f"its shared claims are allocated on different nodes ({', '.join(pinned)})")
+            return
+        placeable = [n for n in self.nodes if placement_problem(pod, n) is None]
+        candidates = [n for n in placeable if not pinned or n.name == pinned[0]]
+        if not candidates:
+            self._fail(pod, pending, self._placement_reason(pod, pinned))
+            return
+        if not pending:
+            pod.node = candidates[0].name
+            return
+        shape = (tuple(c.spec.key for c in pending), pod.scheduling_key, tuple(pinned))
+        failed = self._failed.setdefault(shape, set())
+        for node in candidates:
+            if node.index in failed:
+                continue
+            try:
+                found = NodeSearch(self.matcher, node, pending).run()
+            except AllocationError as exc:
+                self._fail(pod, pending, str(exc))
+                return
+            if found is None:
+                failed.add(node.index)
+                continue
+            self._commit(pod, node, pending, found)
+            return
+        self._fail(pod, pending, self._capacity_reason(pending, candidates, pinned))
+
+    def _commit(self, pod: PlanPod, node: SimNode, claims: list[PlanClaim],
+                found: list[list[tuple[DeviceRequest, SimDevice]]]) -> None:
+        pod.node = node.name
+        for claim, results in zip(claims, found, strict=True):
+            claim.allocated, claim.node, claim.reason = True, node.name, None
+            claim.devices = [allocated_device(claim, req, dev) for req, dev in results]
+            for req, dev in results:
+                if not req.admin_access:
+                    dev.owner = claim
+
+    @staticmethod
+    def _fail(pod: PlanPod, claims: list[PlanClaim], reason: str) -> None:
+        pod.reason = reason
+        for claim in claims:
+            claim.reason = reason if pod.implicit or len(pod.claims) == 1 else f"pod {pod.name}: {reason}"
+
+    def _placement_reason(self, pod: PlanPod, pinned: list[str]) -> str:
+        if pinned:
+            node = next(n for n in self.nodes if n.name == pinned[0])
+            return (f"its shared claim is allocated on node {node.name}, where the pod may not run: "
+                    f"{placement_problem(pod, node)}")
+        seen: dict[tuple, str] = {}
+        for node in self.nodes:
+            seen.setdefault(node.layout, f"{node.group or node.kind}: {placement_problem(pod, node)}")
+        return f"no node may run pod {pod.name} ({'; '.join(seen.values()) or 'the plan has no nodes'})"
+
+    def _capacity_reason(self, claims: list[PlanClaim], candidates: list[SimNode], pinned: list[str]) -> str:
+        groups: dict[tuple, list[SimNode]] = {}
+        for node in candidates:
+            groups.setdefault(node.layout, []).append(node)
+        parts = []
+        for nodes in groups.values():
+            rep = nodes[0]
+            try:
+                possible = NodeSearch(self.matcher, rep, claims, ignore_owners=True).run() is not None
+            except AllocationError as exc:
+                parts.append(str(exc))
+                continue
+            if not possible:
+                parts.append(explain_static(self.matcher, rep, claims))
+                continue
+            where = f"node {pinned[0]} of the shared claim" if pinned else \
+                f"all {len(nodes)} {rep.kind} node{'s' if len(nodes) > 1 else ''}"
+            parts.append(f"{where} already hold{'s' if pinned or len(nodes) == 1 else ''} other claims' devices"
+                         + self._free_detail(claims, nodes))
+        return "; ".join(parts)
+
+    def _free_detail(self, claims: list[PlanClaim], nodes: list[SimNode]) -> str:
+        for claim in claims:
+            for request in claim.spec.requests:
+                alt = request.alternatives[0]
+                if alt.all_devices:
+                    continue
+                most = max(sum(1 for d in self.matcher.candidates(alt, n).matching if d.owner is None)
+                           for n in nodes)
+                if most < alt.count:
+                    return (f": request {alt.result_name} needs {alt.count} matching devices, at most {most} "
+                            f"are free on one node")
+        return ""

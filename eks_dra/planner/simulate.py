@@ -1,0 +1,153 @@
+"""Simulated nodes: the devices our drivers publish, from the one device model (`eks_dra.devices`).
+
+Devices are ordered as the allocator walks them: pools by (driver, pool name), then slice order, which
+`resource_slices` makes device-name order. (kube-scheduler walks pools in map order, i.e. unordered; a
+stable order keeps plans reproducible.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from eks_dra.catalog import UnknownInstanceType, get_instance_type
+from eks_dra.devices import DEFAULT_DRIVER_NAMES, AttributeValue, DriverNames, Version, simulate_node
+from eks_dra.errors import UserError
+
+if TYPE_CHECKING:
+    from eks_dra.config import EnvironmentConfig
+
+    from .model import PlanClaim
+
+# Taints the drivers remove once their slices are published: not a placement constraint for the plan.
+_READINESS_TAINT_SUFFIX = "/not-ready"
+
+
+@dataclass(eq=False)
+class SimDevice:
+    index: int  # position on its node, the allocator's walk order
+    driver: str
+    pool: str
+    name: str
+    attributes: dict[str, AttributeValue]
+    capacity: dict[str, str]
+    # Fully qualified attribute name -> (type tag, value), for matchAttribute (bool is not int there).
+    qualified: dict[str, tuple[str, object]]
+    uid: int = 0  # unique in the plan (CEL context cache key)
+    owner: PlanClaim | None = None  # exclusive allocation; admin access does not own
+
+    def attribute(self, name: str) -> tuple[str, object] | None:
+        return self.qualified.get(name)
+
+
+@dataclass(eq=False)
+class SimNode:
+    name: str
+    instance_type: str
+    group: str | None
+    mig_profile: str | None
+    devices: list[SimDevice]
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, effect)
+    index: int = 0
+
+    @property
+    def layout(self) -> tuple:
+        """Nodes with equal layouts publish the same devices (up to names and ids)."""
+        return (self.instance_type, self.mig_profile, tuple(sorted({d.driver for d in self.devices})))
+
+    @property
+    def kind(self) -> str:
+        """How messages name this node's hardware: the instance type (and MIG profile)."""
+        return f"{self.instance_type} (MIG {self.mig_profile})" if self.mig_profile else self.instance_type
+
+
+def _tag(value: AttributeValue) -> tuple[str, object]:
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, int):
+        return ("int", value)
+    if isinstance(value, Version):
+        return ("version", value.value)
+    return ("string", value)
+
+
+def _qualified(driver: str, attributes: dict[str, AttributeValue]) -> dict[str, tuple[str, object]]:
+    return {(key if "/" in key else f"{driver}/{key}"): _tag(v) for key, v in attributes.items()}
+
+
+def simulate_plan_node(instance_type: str, node_name: str, *, names: DriverNames = DEFAULT_DRIVER_NAMES,
+                       mig_profile: str | None = None, families: tuple[str, ...] | None = None,
+                       group: str | None = None, labels: dict[str, str] | None = None,
+                       taints: tuple[tuple[str, str, str], ...] = ()) -> SimNode:
+    """One node of an instance type; `families` limits the published families (None: all of them)."""
+    try:
+        per_family = simulate_node(instance_type, node_name, mig_profile=mig_profile)
+    except UnknownInstanceType as exc:
+        raise UserError(str(exc)) from None
+    except KeyError as exc:  # unknown MIG profile: the message names the known ones
+        raise UserError(str(exc.args[0])) from None
+    devices: list[SimDevice] = []
+    for family, family_devices in per_family.items():
+        if families is not None and family not in families:
+            continue
+        driver = names.for_family(family)
+        for d in family_devices:
+            devices.append(SimDevice(0, driver, node_name, d.name, d.attributes, d.capacity,
+                                     _qualified(driver, d.attributes)))
+    devices.sort(key=lambda d: (d.driver, d.pool, d.name))
+    for i, d in enumerate(devices):
+        d.index = i
+    node_labels = {"kubernetes.io/hostname": node_name, "node.kubernetes.io/instance-type": instance_type,
+                   "eks-dra.io/instance-type": instance_type, **(labels or {})}
+    return SimNode(node_name, instance_type, group, mig_profile, devices, node_labels, taints)
+
+
+def number_nodes(nodes: list[SimNode]) -> list[SimNode]:
+    uid = 0
+    for i, node in enumerate(nodes):
+        node.index = i
+        for d in node.devices:
+            d.uid = uid
+            uid += 1
+    return nodes
+
+
+def nodes_for_instance_type(instance_type: str, count: int, *, names: DriverNames = DEFAULT_DRIVER_NAMES,
+                            mig_profile: str | None = None) -> list[SimNode]:
+    """`count` nodes of one type, named <type>-<i>, with every device family published by DRA."""
+    if count < 1:
+        raise UserError(f"--nodes must be at least 1, got {count}")
+    try:
+        it = get_instance_type(instance_type)
+    except UnknownInstanceType as exc:
+        raise UserError(str(exc)) from None
+    taints = _accelerator_taints(it.accelerator_kind)
+    return number_nodes([simulate_plan_node(instance_type, f"{instance_type}-{i}", names=names,
+                                            mig_profile=mig_profile, taints=taints) for i in range(count)])
+
+
+def _accelerator_taints(kind: str | None) -> tuple[tuple[str, str, str], ...]:
+    # Every eks-dra accelerator node group carries these (CONTRACTS.md, node-group labels and taints).
+    if kind == "gpu":
+        return (("nvidia.com/gpu", "true", "NoSchedule"),)
+    if kind == "neuron":
+        return (("aws.amazon.com/neuron", "true", "NoSchedule"),)
+    return ()
+
+
+def nodes_for_environment(env: EnvironmentConfig) -> list[SimNode]:
+    """max_size nodes (at least one) of every node group with a DRA-managed device family."""
+    nodes: list[SimNode] = []
+    for group in env.node_groups:
+        families = tuple(f for f in group.families if group.manager(f) == "dra")
+        if not families:
+            continue
+        labels = env.node_labels(group)
+        taints = tuple((t.key, t.value, t.effect) for t in env.node_taints(group)
+                       if not t.key.endswith(_READINESS_TAINT_SUFFIX))
+        for i in range(max(group.max_size, 1)):
+            nodes.append(simulate_plan_node(group.instance_type, f"{group.name}-{i}", names=env.drivers.names,
+                                            mig_profile=group.mig_profile, families=families, group=group.name,
+                                            labels=labels, taints=taints))
+    return number_nodes(nodes)
