@@ -111,9 +111,10 @@ def test_driver_daemon_set_follows_the_runtime_contract() -> None:
 def test_custom_driver_names_reach_classes_policies_and_tolerations() -> None:
     _, docs = synthesized("fixture/names")
     classes = {d["metadata"]["name"]: d["spec"]["selectors"][0]["cel"]["expression"] for d in of_kind(docs, "DeviceClass")}
-    assert classes["mig.gpu.example.com"] == ("device.driver == 'gpu.example.com' && "
-                                              "device.attributes['gpu.example.com'].type == 'mig'")
-    assert set(classes) == {"gpu.example.com", "mig.gpu.example.com", "efa.example.com", "neuron.example.com"}
+    assert classes["gpu.example.com"] == ("device.driver == 'gpu.example.com' && "
+                                          "device.attributes['gpu.example.com'].type == 'gpu'")
+    # no MIG class: no node group there has MIG devices, so it could match nothing
+    assert set(classes) == {"gpu.example.com", "efa.example.com", "neuron.example.com"}
     policy = next(p for p in of_kind(docs, "ValidatingAdmissionPolicy") if p["metadata"]["name"] == "eks-dra-efa-driver-slices")
     assert "variables.slice.spec.driver == 'efa.example.com'" in [v["expression"] for v in policy["spec"]["validations"]]
     ds = next(d for d in _driver_daemon_sets(docs) if d["metadata"]["name"] == "eks-dra-efa-driver")
@@ -192,3 +193,19 @@ def test_sample_pods_wait_for_the_drivers(key: str) -> None:
     for pod in pods:
         assert tolerates(pod, GPU_TAINT, "NoSchedule") and tolerates(pod, NEURON_TAINT, "NoSchedule")
         assert not tolerates(pod, "gpu.eks-dra.io/not-ready", "NoSchedule")
+
+
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass", "ValidatingAdmissionPolicy",
+                  "ValidatingAdmissionPolicyBinding"}
+
+
+@pytest.mark.parametrize("key", ALL)
+def test_namespaced_objects_name_their_namespace_and_cluster_objects_do_not(key: str) -> None:
+    """`kubectl apply -f dist/<env>/` must not drop anything into the default namespace."""
+    _, docs = synthesized(key)
+    namespaces = {d["metadata"]["name"] for d in of_kind(docs, "Namespace")} | {"kube-system"}
+    for doc in docs:
+        if doc["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in doc["metadata"], doc["metadata"]
+        else:
+            assert doc["metadata"]["namespace"] in namespaces, doc["metadata"]

@@ -54,19 +54,18 @@ class DeviceClasses:
         """CEL for one of the driver's own attributes of `device`, e.g. device.attributes['gpu.eks-dra.io'].type."""
         return f"device.attributes['{self.driver(family)}'].{name}"
 
-    def owned(self, families: tuple[str, ...]) -> list[DeviceClassDefinition]:
-        """The classes eks-dra creates for the present families that its own drivers serve."""
+    def owned(self, kinds: tuple[str, ...]) -> list[DeviceClassDefinition]:
+        """The classes eks-dra creates for the device kinds present (`gpu`, `mig`, `efa`, `neuron`) that its own
+        drivers serve. A class no node could ever satisfy (MIG without a MIG node group) is left out."""
         out: list[DeviceClassDefinition] = []
-        for family in families:
+        for kind in kinds:
+            family = "gpu" if kind == "mig" else kind
             if self.upstream(family):
                 continue
             on_driver = f"device.driver == '{self.driver(family)}'"
             if family == "gpu":
-                for kind in ("gpu", "mig"):
-                    out.append(DeviceClassDefinition(
-                        self.class_name(kind), family, f"{on_driver} && {self.attribute('gpu', 'type')} == '{kind}'"))
-            else:
-                out.append(DeviceClassDefinition(self.class_name(family), family, on_driver))
+                on_driver += f" && {self.attribute('gpu', 'type')} == '{kind}'"
+            out.append(DeviceClassDefinition(self.class_name(kind), family, on_driver))
         return out
 
 

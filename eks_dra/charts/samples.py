@@ -92,7 +92,7 @@ class SamplesChart(cdk8s.Chart):
 
     def __init__(self, scope: Construct, id: str, *, groups: list[NodeGroupDevices], classes: DeviceClasses,
                  namespace: str = labels.SAMPLES_NAMESPACE, image: str = SAMPLE_IMAGE) -> None:
-        super().__init__(scope, id, disable_resource_name_hashes=True, namespace=namespace)
+        super().__init__(scope, id, disable_resource_name_hashes=True)
         self.ns = namespace
         self.image = image
         self.classes = classes

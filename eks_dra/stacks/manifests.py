@@ -47,6 +47,17 @@ def node_group_devices(env: EnvironmentConfig) -> list[NodeGroupDevices]:
     return out
 
 
+def _dra_device_kinds(groups: list[NodeGroupDevices]) -> tuple[str, ...]:
+    """Device kinds some DRA node group publishes: gpu (whole GPUs), mig, efa, neuron."""
+    kinds = set()
+    for g in groups:
+        if g.dra("gpu"):
+            kinds |= {"gpu"} if g.full_gpus() else set()
+            kinds |= {"mig"} if g.migs() else set()
+        kinds |= {f for f in ("efa", "neuron") if g.dra(f) and g.devices.get(f)}
+    return tuple(k for k in ("gpu", "mig", "efa", "neuron") if k in kinds)
+
+
 def _families(env: EnvironmentConfig, manager: str) -> tuple[str, ...]:
     groups = env.dra_node_groups if manager == labels.MANAGER_DRA else env.device_plugin_node_groups
     return tuple(f for f in FAMILIES if groups(f))
@@ -71,7 +82,8 @@ def build_k8s_app(env: EnvironmentConfig, image: str | None = None, *, outdir: P
             order.append(DriverChart(app, f"eks-dra-driver-{family}", settings=DriverSettings(
                 family=family, driver_name=classes.driver(family), image=image,
                 other_readiness_taints=readiness)))
-    definitions = classes.owned(dra_families)
+    groups = node_group_devices(env)
+    definitions = classes.owned(_dra_device_kinds(groups))
     if definitions:
         order.append(DeviceClassesChart(app, "eks-dra-device-classes", definitions=definitions))
     plugin_families = _families(env, labels.MANAGER_DEVICE_PLUGIN)
@@ -80,7 +92,7 @@ def build_k8s_app(env: EnvironmentConfig, image: str | None = None, *, outdir: P
             families=plugin_families,
             gpu_nodes_use_efa=any(g.efa_enabled for g in env.device_plugin_node_groups("gpu")),
             region=env.region or "us-west-2", readiness_taints=readiness)))
-    order.append(SamplesChart(app, "dra-samples", groups=node_group_devices(env), classes=classes))
+    order.append(SamplesChart(app, "dra-samples", groups=groups, classes=classes))
     for before, after in zip(order, order[1:], strict=False):
         after.add_dependency(before)
     return app
