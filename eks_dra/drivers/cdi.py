@@ -1,0 +1,135 @@
+"""CDI specs: one transient spec per claim in `--cdi-root` (/var/run/cdi), written atomically.
+
+File `<cdi-root>/k8s.<driver>-claim_<claimUID>.json`, kind `k8s.<driver>/claim`, one CDI device per
+prepared device named `<claimUID>-<device>` (the claim UID keeps the runtime's spec cache from ever
+serving a stale entry); the claim-wide edits (common device nodes such as /dev/nvidiactl, the claim
+environment) sit at spec level and apply whenever any of the spec's devices is injected.
+Fully-qualified ids returned to the kubelet: `k8s.<driver>/claim=<claimUID>-<device>`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .fsutil import atomic_write
+
+CDI_CLASS = "claim"
+_SPEC_RE = re.compile(r"^k8s\.(?P<driver>.+)-claim_(?P<uid>[0-9a-fA-F-]{1,64})\.json$")
+
+
+def vendor(driver: str) -> str:
+    return f"k8s.{driver}"
+
+
+def spec_file_name(driver: str, claim_uid: str) -> str:
+    return f"{vendor(driver)}-{CDI_CLASS}_{claim_uid}.json"
+
+
+def cdi_device_name(claim_uid: str, device: str) -> str:
+    return f"{claim_uid}-{device}"
+
+
+def qualified_name(driver: str, claim_uid: str, device: str) -> str:
+    return f"{vendor(driver)}/{CDI_CLASS}={cdi_device_name(claim_uid, device)}"
+
+
+@dataclass
+class DeviceEdits:
+    """What one prepared device puts into the container."""
+
+    name: str  # the published device name, e.g. gpu-3
+    device_nodes: list[str] = field(default_factory=list)  # absolute paths on the node
+    env: dict[str, str] = field(default_factory=dict)
+    mounts: list[dict] = field(default_factory=list)  # {hostPath, containerPath, options}
+
+
+def minimum_version(spec: dict) -> str:
+    """The lowest cdiVersion that covers what the spec uses (runtimes reject specs above their version)."""
+    needs_05 = any(d["name"][:1].isdigit() for d in spec["devices"])
+    edits = [spec.get("containerEdits") or {}] + [d["containerEdits"] for d in spec["devices"]]
+    needs_05 = needs_05 or any("hostPath" in n for e in edits for n in e.get("deviceNodes", []))
+    needs_06 = bool(spec.get("annotations")) or any(d.get("annotations") for d in spec["devices"])
+    return "0.6.0" if needs_06 else "0.5.0" if needs_05 else "0.3.0"
+
+
+def _edits(device_nodes: list[str], env: dict[str, str], mounts: list[dict]) -> dict:
+    out: dict = {}
+    if env:
+        out["env"] = [f"{k}={v}" for k, v in sorted(env.items())]
+    if device_nodes:
+        out["deviceNodes"] = [{"path": p} for p in device_nodes]
+    if mounts:
+        out["mounts"] = mounts
+    return out
+
+
+def build_spec(driver: str, claim_uid: str, devices: list[DeviceEdits], common_device_nodes: list[str],
+               claim_env: dict[str, str]) -> dict:
+    if not devices:
+        raise ValueError("a CDI spec needs at least one device")
+    spec: dict = {
+        "cdiVersion": "",
+        "kind": f"{vendor(driver)}/{CDI_CLASS}",
+        "devices": [{"name": cdi_device_name(claim_uid, d.name), "containerEdits": _edits(d.device_nodes, d.env,
+                                                                                           d.mounts)}
+                    for d in devices],
+    }
+    common = _edits(common_device_nodes, claim_env, [])
+    if common:
+        spec["containerEdits"] = common
+    spec["cdiVersion"] = minimum_version(spec)
+    return spec
+
+
+class CdiDir:
+    """The driver's specs in one CDI directory."""
+
+    def __init__(self, root: Path, driver: str, durable: bool = True) -> None:
+        self.root = Path(root)
+        self.driver = driver
+        self.durable = durable
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, claim_uid: str) -> Path:
+        return self.root / spec_file_name(self.driver, claim_uid)
+
+    def write(self, claim_uid: str, spec: dict) -> Path:
+        path = self.path(claim_uid)
+        atomic_write(path, json.dumps(spec, indent=1, sort_keys=True).encode(), 0o644, self.durable)
+        return path
+
+    def read(self, claim_uid: str) -> dict | None:
+        try:
+            return json.loads(self.path(claim_uid).read_bytes())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def exists(self, claim_uid: str) -> bool:
+        return self.path(claim_uid).is_file()
+
+    def remove(self, claim_uid: str) -> bool:
+        try:
+            os.unlink(self.path(claim_uid))
+            return True
+        except FileNotFoundError:
+            return False
+
+    def claim_uids(self) -> set[str]:
+        """UIDs of this driver's claim specs present on disk (other drivers' specs are ignored)."""
+        out = set()
+        for entry in os.scandir(self.root):
+            m = _SPEC_RE.match(entry.name)
+            if m and m.group("driver") == self.driver:
+                out.add(m.group("uid"))
+        return out
+
+    def remove_stale_temporaries(self) -> None:
+        """Temporary files left by a crash in the middle of atomic_write."""
+        prefix = f".{vendor(self.driver)}-{CDI_CLASS}_"
+        for entry in os.scandir(self.root):
+            if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
+                os.unlink(entry.path)

@@ -1,0 +1,195 @@
+"""The driver's crash-safe record of prepared claims: `<state-dir>/checkpoint.json`.
+
+Format (JSON, our own: the Go checkpoint's spew-based checksum cannot be reproduced in Python):
+
+    {"kind": "EksDraCheckpoint", "version": 2, "minReaderVersion": 2,
+     "checksum": "sha256:<hex of the canonical JSON of data>",
+     "data": {"driver": ..., "nodeName": ..., "bootId": ...,
+              "claims": {<uid>: {"namespace", "name", "state": "PrepareStarted"|"PrepareCompleted",
+                                 "devices": [{"requestNames", "poolName", "deviceName", "cdiDeviceIds"}],
+                                 "cdiSpec": <file name>, "settings": {...}}}}}
+
+Version history: 1 had no bootId and no settings; 2 adds both (a reboot empties /var/run/cdi and resets
+device settings, so a claim recorded under another boot must be re-applied, never trusted).
+A reader of version R reads every file with minReaderVersion <= R (missing fields get defaults), and refuses a
+newer file with CheckpointTooNew, which is not corruption: the file is left untouched for the newer driver.
+A file that does not parse or whose checksum does not match is CheckpointCorrupt; the caller moves it aside.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .fsutil import atomic_write
+
+CHECKPOINT_FILE_NAME = "checkpoint.json"
+CURRENT_VERSION = 2
+KIND = "EksDraCheckpoint"
+PREPARE_STARTED = "PrepareStarted"
+PREPARE_COMPLETED = "PrepareCompleted"
+
+
+class CheckpointError(Exception):
+    pass
+
+
+class CheckpointCorrupt(CheckpointError):
+    """The file is unreadable, truncated or fails its checksum."""
+
+
+class CheckpointTooNew(CheckpointError):
+    """The file was written by a newer driver whose format this one cannot read (a downgrade)."""
+
+
+@dataclass
+class PreparedDevice:
+    request_names: list[str]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: list[str]
+
+    def to_json(self) -> dict:
+        return {"requestNames": self.request_names, "poolName": self.pool_name,
+                "deviceName": self.device_name, "cdiDeviceIds": self.cdi_device_ids}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> PreparedDevice:
+        return cls(list(obj.get("requestNames") or []), str(obj["poolName"]), str(obj["deviceName"]),
+                   list(obj.get("cdiDeviceIds") or []))
+
+
+@dataclass
+class ClaimRecord:
+    uid: str
+    namespace: str
+    name: str
+    state: str
+    devices: list[PreparedDevice] = field(default_factory=list)
+    cdi_spec: str = ""
+    settings: dict = field(default_factory=dict)  # device settings applied (time-slicing, Neuron LNC, ...)
+
+    @property
+    def completed(self) -> bool:
+        return self.state == PREPARE_COMPLETED
+
+    def to_json(self) -> dict:
+        return {"namespace": self.namespace, "name": self.name, "state": self.state,
+                "devices": [d.to_json() for d in self.devices], "cdiSpec": self.cdi_spec, "settings": self.settings}
+
+    @classmethod
+    def from_json(cls, uid: str, obj: dict) -> ClaimRecord:
+        state = obj.get("state")
+        if state not in (PREPARE_STARTED, PREPARE_COMPLETED):
+            raise ValueError(f"claim {uid}: unknown state {state!r}")
+        return cls(uid, str(obj.get("namespace", "")), str(obj.get("name", "")), state,
+                   [PreparedDevice.from_json(d) for d in obj.get("devices") or []],
+                   str(obj.get("cdiSpec", "")), dict(obj.get("settings") or {}))
+
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name} ({self.uid})"
+
+
+@dataclass
+class Checkpoint:
+    boot_id: str | None = None
+    claims: dict[str, ClaimRecord] = field(default_factory=dict)
+    version_read: int = CURRENT_VERSION  # the version of the file it came from (0: no file)
+
+    def device_owner(self, device_name: str, except_uid: str = "") -> ClaimRecord | None:
+        """The claim (started or completed) holding a device, other than `except_uid`."""
+        for rec in self.claims.values():
+            if rec.uid != except_uid and any(d.device_name == device_name for d in rec.devices):
+                return rec
+        return None
+
+
+def _checksum(data: dict) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
+def encode(cp: Checkpoint, driver: str, node_name: str, version: int = CURRENT_VERSION) -> bytes:
+    data: dict = {"driver": driver, "nodeName": node_name,
+                  "claims": {uid: rec.to_json() for uid, rec in cp.claims.items()}}
+    if version >= 2:
+        data["bootId"] = cp.boot_id
+    else:  # the version-1 schema, kept to test upgrades from it
+        for rec in data["claims"].values():
+            del rec["settings"]
+    doc = {"kind": KIND, "version": version, "minReaderVersion": version, "checksum": _checksum(data), "data": data}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode(raw: bytes, source: str, reader_version: int = CURRENT_VERSION) -> Checkpoint:
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointCorrupt(f"{source}: not JSON ({exc}); truncated or overwritten") from None
+    if not isinstance(doc, dict) or doc.get("kind") != KIND or not isinstance(doc.get("data"), dict):
+        raise CheckpointCorrupt(f"{source}: not an {KIND} document")
+    version, min_reader = doc.get("version"), doc.get("minReaderVersion", doc.get("version"))
+    if not isinstance(version, int) or not isinstance(min_reader, int) or version < 1:
+        raise CheckpointCorrupt(f"{source}: version field missing or not an integer")
+    if min_reader > reader_version:
+        raise CheckpointTooNew(
+            f"{source}: checkpoint format version {version} was written by a newer driver and needs a reader of "
+            f"version >= {min_reader}; this driver reads versions <= {reader_version}. Downgrading the driver "
+            f"with claims prepared is not supported: roll the newer version back out, or drain the node, then "
+            f"remove the file. The file was left untouched.")
+    data = doc["data"]
+    if doc.get("checksum") != _checksum(data):
+        raise CheckpointCorrupt(f"{source}: checksum mismatch (the file was modified or partly written)")
+    try:
+        claims = {uid: ClaimRecord.from_json(uid, obj) for uid, obj in (data.get("claims") or {}).items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointCorrupt(f"{source}: malformed claim record: {exc}") from None
+    return Checkpoint(boot_id=data.get("bootId"), claims=claims, version_read=version)
+
+
+class CheckpointStore:
+    """Loads and saves the checkpoint; re-decodes only when the bytes on disk changed (another process)."""
+
+    def __init__(self, state_dir: Path, driver: str, node_name: str, reader_version: int = CURRENT_VERSION,
+                 durable: bool = True) -> None:
+        self.path = Path(state_dir) / CHECKPOINT_FILE_NAME
+        self.driver, self.node_name = driver, node_name
+        self.reader_version = reader_version
+        self.durable = durable
+        self._cache: tuple[bytes | None, Checkpoint] | None = None  # one tuple: swapped atomically
+
+    def load(self) -> Checkpoint:
+        """The current checkpoint (an empty one when there is no file). Raises CheckpointError.
+
+        Compares bytes rather than inode/mtime: inode numbers are reused and mtime has a coarse clock.
+        """
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            raw = None
+        cache = self._cache
+        if cache is not None and raw == cache[0]:
+            return cache[1]
+        cp = Checkpoint(version_read=0) if raw is None else decode(raw, str(self.path), self.reader_version)
+        self._cache = (raw, cp)
+        return cp
+
+    def save(self, cp: Checkpoint, version: int = CURRENT_VERSION) -> None:
+        raw = encode(cp, self.driver, self.node_name, version)
+        try:
+            atomic_write(self.path, raw, 0o600, self.durable)
+        except OSError:
+            self._cache = None  # callers mutate the cached object: force a re-read
+            raise
+        self._cache = (raw, cp)
+
+    def quarantine(self) -> Path:
+        """Move a corrupt file aside for inspection (never silently discarded) and forget it."""
+        target = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+        os.replace(self.path, target)
+        self._cache = None
+        return target

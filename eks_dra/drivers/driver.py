@@ -1,0 +1,312 @@
+"""One DRA driver process: the parts of this package put together, started and stopped in order.
+
+Start: checkpoint (corrupt -> moved aside + Warning Event + rebuilt; newer format -> refuse and exit 3),
+first discovery, gRPC servers (DRA socket, then registration), liveness and metrics endpoints, then the
+background loops: inventory/health poll (every `health_interval_s` <= 2 s), slice publisher, reconciler.
+Stop (SIGTERM): stop the loops, drain the gRPC servers, remove our own sockets. Slices, the readiness
+taint and the checkpoint are left as they are, so a rolling update or restart disrupts nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cdi import CdiDir
+from .checkpoint import (
+    PREPARE_COMPLETED,
+    Checkpoint,
+    CheckpointCorrupt,
+    CheckpointStore,
+    CheckpointTooNew,
+    ClaimRecord,
+    PreparedDevice,
+)
+from .device_setup import DeviceSetup
+from .events import EventRecorder
+from .inventory import HealthSource, InventorySource, InventoryView
+from .kube import ApiError
+from .lock import NodeLock
+from .metrics import DriverMetrics
+from .plugin import HealthStreamServicer, PluginServers
+from .publisher import SlicePublisher
+from .readiness import ReadinessTaint
+from .reconciler import Reconciler
+from .safety import device_plugin_conflict
+from .state import ClaimError, ClaimRef, DeviceState
+
+log = logging.getLogger(__name__)
+BOOT_ID = Path("proc/sys/kernel/random/boot_id")
+
+
+class FatalError(Exception):
+    """The driver must not run (exit code 3); the message says why and what to do."""
+
+
+@dataclass
+class DriverConfig:
+    family: str
+    driver_name: str
+    node_name: str
+    host_root: Path = Path("/")
+    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
+    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    cdi_root: Path = Path("/var/run/cdi")
+    state_dir: Path | None = None
+    kubeconfig: str | None = None
+    pod_uid: str | None = None
+    health_port: int = -1  # -1: no liveness endpoint
+    health_address: str = "0.0.0.0"
+    metrics_port: int = -1
+    reconcile_interval_s: float = 60.0
+    health_interval_s: float = 1.0
+    rediscover_interval_s: float = 10.0
+    resync_interval_s: float = 30.0
+    dra_health_stream: bool = False
+    lock_timeout_s: float = 30.0
+    durable: bool = True
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def state_path(self) -> Path:
+        return self.state_dir or self.plugins_dir / self.driver_name
+
+
+def read_boot_id(host_root: Path) -> str:
+    """The host's boot id (kernel-wide, so the container's own /proc has it too)."""
+    for path in (host_root / BOOT_ID, Path("/") / BOOT_ID):
+        try:
+            return path.read_text().strip()
+        except OSError:
+            continue
+    return "unknown"
+
+
+class Driver:
+    def __init__(self, cfg: DriverConfig, api, inventory_source: InventorySource,
+                 health_source: HealthSource | None = None) -> None:
+        self.cfg = cfg
+        self.api = api
+        self.started_at = time.monotonic()
+        self.metrics = DriverMetrics(cfg.driver_name)
+        self.events = EventRecorder(api, cfg.driver_name, cfg.node_name)
+        self.inventory = InventoryView(inventory_source, health_source)
+        state_dir = cfg.state_path
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = NodeLock(state_dir, cfg.lock_timeout_s)
+        self.store = CheckpointStore(state_dir, cfg.driver_name, cfg.node_name, durable=cfg.durable)
+        self.cdi = CdiDir(cfg.cdi_root, cfg.driver_name, durable=cfg.durable)
+        self.state = DeviceState(driver=cfg.driver_name, family=cfg.family, node_name=cfg.node_name, api=api,
+                                 inventory=self.inventory, store=self.store, cdi=self.cdi,
+                                 setup=DeviceSetup.for_node(cfg.family), lock=self.lock, metrics=self.metrics,
+                                 events=self.events)
+        self.health_stream = HealthStreamServicer(cfg.node_name, self.inventory) if cfg.dra_health_stream else None
+        self.servers = PluginServers(driver=cfg.driver_name, state=self.state, registry_dir=cfg.registry_dir,
+                                     plugins_dir=cfg.plugins_dir, pod_uid=cfg.pod_uid,
+                                     health_stream=self.health_stream)
+        self.readiness = ReadinessTaint(api, cfg.driver_name, cfg.node_name, self.events)
+        self.publisher = SlicePublisher(api, cfg.driver_name, cfg.node_name, self.metrics,
+                                        resync_s=cfg.resync_interval_s, on_synced=self._on_synced)
+        self.reconciler = Reconciler(self.state, cfg.reconcile_interval_s)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._pending_reapply = False
+        self._pending_rebuild = False
+        self._liveness = None
+        self._metrics_server = None
+        self.health_port = -1
+
+    # ----- start-up
+    def start(self) -> None:
+        self.cdi.remove_stale_temporaries()
+        self._load_checkpoint()
+        self._poll_inventory(rediscover=True)
+        self.servers.start()
+        if self.cfg.health_port >= 0:
+            from .health import serve_liveness
+
+            self._liveness, self.health_port = serve_liveness(
+                self.cfg.driver_name, str(self.servers.reg_path), str(self.servers.dra_path), self.cfg.health_port,
+                self.cfg.health_address)
+        if self.cfg.metrics_port >= 0:
+            self._metrics_server = self.metrics.serve(self.cfg.metrics_port)
+        for target, name in ((self._poll_loop, "inventory"), (self._node_loop, "node")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        self.publisher.start()
+        self.reconciler.start()
+        log.info("driver started", extra={"durationMs": round((time.monotonic() - self.started_at) * 1000, 1)})
+
+    def _load_checkpoint(self) -> None:
+        boot_id = read_boot_id(self.cfg.host_root)
+        with self.lock.held():
+            try:
+                cp = self.store.load()
+            except CheckpointTooNew as exc:
+                self.events.warning("CheckpointTooNew", f"{self.cfg.driver_name}: {exc}")
+                self.events.flush(3)
+                raise FatalError(str(exc)) from None
+            except CheckpointCorrupt as exc:
+                moved = self.store.quarantine()
+                self.metrics.checkpoint_corrupt.labels(self.cfg.driver_name).inc()
+                cp = self._rebuild_from_cdi(boot_id)
+                self.events.warning("CheckpointCorrupt", f"{self.cfg.driver_name}: {exc}; moved aside to {moved}; "
+                                                         f"state rebuilt from {len(cp.claims)} CDI specs and the API")
+                self._pending_rebuild = True
+                return
+            if cp.version_read == 0:  # first start on this node
+                cp.boot_id = boot_id
+                self.store.save(cp)
+            elif cp.boot_id != boot_id:
+                # Rebooted (or a version-1 file without a boot id): CDI specs and device settings are not to be
+                # trusted; re-applied as soon as the devices are discovered.
+                self._pending_reapply = bool(cp.claims) or cp.boot_id is None
+                if not cp.claims:
+                    cp.boot_id = boot_id
+                    self.store.save(cp)
+            elif cp.version_read < 2:
+                self.store.save(cp)  # upgrade the file format in place
+        self.metrics.prepared_claims.labels(self.cfg.driver_name).set(len(cp.claims))
+
+    def _rebuild_from_cdi(self, boot_id: str) -> Checkpoint:
+        """Records for the claim specs in the CDI directory (names filled in from the API later)."""
+        cp = Checkpoint(boot_id=boot_id)
+        for uid in sorted(self.cdi.claim_uids()):
+            spec = self.cdi.read(uid) or {}
+            devices = []
+            for d in spec.get("devices") or []:
+                name = str(d.get("name", ""))
+                if name.startswith(uid + "-"):
+                    device = name[len(uid) + 1:]
+                    devices.append(PreparedDevice([], self.cfg.node_name, device,
+                                                  [f"{spec.get('kind')}={name}"]))
+            cp.claims[uid] = ClaimRecord(uid, "", "", PREPARE_COMPLETED, devices, self.cdi.path(uid).name, {})
+        self.store.save(cp)
+        return cp
+
+    def _repair_after_start(self) -> None:
+        """Once the devices are known: re-apply after a reboot, re-prepare claims after a lost checkpoint."""
+        if self._pending_reapply:
+            with self.lock.held():
+                cp = self.store.load()
+                count = self.state.reapply_all(cp, read_boot_id(self.cfg.host_root))
+            self._pending_reapply = False
+            self.metrics.cdi_rewritten.labels(self.cfg.driver_name).inc(count)
+            self.events.normal("BootChanged", f"{self.cfg.driver_name}: new boot id; re-applied CDI specs and "
+                                              f"device settings of {count} prepared claims")
+        if self._pending_rebuild:
+            try:
+                self._rebuild_from_api()
+                self._pending_rebuild = False
+            except ApiError as exc:
+                log.warning("rebuild from the API postponed", extra={"error": str(exc)})
+
+    def _rebuild_from_api(self) -> None:
+        """Claims the API shows allocated here, in use, and missing from the rebuilt checkpoint: prepare them."""
+        claims = self.api.list_claims()
+        rebuilt = 0
+        known = set(self.store.load().claims)
+        for claim in claims:
+            meta = claim.get("metadata") or {}
+            status = claim.get("status") or {}
+            results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+            mine = [r for r in results if r.get("driver") == self.cfg.driver_name and r.get("pool") == self.cfg.node_name]
+            if not mine or not status.get("reservedFor") or meta.get("uid") in known:
+                continue
+            ref = ClaimRef(meta.get("namespace", ""), meta.get("uid", ""), meta.get("name", ""))
+            try:
+                planned = self.state.plan(ref, claim)
+                with self.lock.held():
+                    self.state._commit(ref, planned)
+                rebuilt += 1
+            except ClaimError as exc:
+                log.warning("could not rebuild claim", extra={"claim": ref.uid, "error": str(exc)})
+        self.reconciler.run_once()  # names the records rebuilt from CDI specs, drops orphans
+        self.events.normal("StateRebuilt", f"{self.cfg.driver_name}: {len(self.store.load().claims)} prepared "
+                                           f"claims after rebuild ({rebuilt} from the API)")
+
+    # ----- loops
+    def _poll_inventory(self, rediscover: bool) -> None:
+        changed, transitions = self.inventory.refresh(rediscover)
+        for t in transitions:
+            self.metrics.health_changes.labels(self.cfg.driver_name, "healthy" if t.healthy else "unhealthy").inc()
+            if t.healthy:
+                self.events.normal("DeviceHealthy", f"{self.cfg.driver_name}: device {t.device} is healthy again; "
+                                                    "published")
+            else:
+                self.events.warning("DeviceUnhealthy", f"{self.cfg.driver_name}: device {t.device} withdrawn from "
+                                                       f"the ResourceSlice: {t.reason}")
+        self.metrics.unhealthy_devices.labels(self.cfg.driver_name).set(len(self.inventory.unhealthy()))
+        if changed or transitions:
+            self.publisher.set_devices(self.inventory.published_devices())
+            if self.health_stream:
+                self.health_stream.notify()
+        if self.inventory.ready and (self._pending_reapply or self._pending_rebuild):
+            self._repair_after_start()
+
+    def _poll_loop(self) -> None:
+        last_discovery = time.monotonic()
+        was_ready = self.inventory.ready
+        while not self._stop.wait(self.cfg.health_interval_s):
+            rediscover = (not self.inventory.ready
+                          or time.monotonic() - last_discovery >= self.cfg.rediscover_interval_s)
+            try:
+                self._poll_inventory(rediscover)
+            except Exception:  # noqa: BLE001 - discovery must never stop the loop
+                log.exception("inventory poll failed")
+            if rediscover:
+                last_discovery = time.monotonic()
+            if was_ready != self.inventory.ready:
+                was_ready = self.inventory.ready
+                if not was_ready:
+                    self.events.warning("InventoryNotReady", f"{self.cfg.driver_name}: {self.inventory.reason}")
+                    self.publisher.kick()
+
+    def _node_loop(self) -> None:
+        """The Node: its UID (slice owner), the device-plugin safety check; every resync interval."""
+        delay = 0.2
+        while not self._stop.is_set():
+            try:
+                node = self.api.get_node(self.cfg.node_name)
+                self.events.node_uid = self.publisher.node_uid = node["metadata"]["uid"]
+                conflict = device_plugin_conflict(self.cfg.family, node)
+                if conflict != (self.publisher.blocked or None):
+                    self.publisher.blocked = conflict or ""
+                    if conflict:
+                        self.events.warning("DevicePluginConflict", f"{self.cfg.driver_name}: {conflict}")
+                self.publisher.kick()
+                delay = self.cfg.resync_interval_s
+            except ApiError as exc:
+                log.warning("cannot read the Node", extra={"error": str(exc)})
+                delay = min(delay * 2, 10.0)
+            self._stop.wait(delay)
+
+    def _on_synced(self, in_sync: bool) -> None:
+        ready = (in_sync and self.inventory.ready and not self.publisher.blocked
+                 and any(ok for ok in self.inventory.snapshot().values()))
+        if self.readiness.ready is ready:
+            return
+        try:
+            self.readiness.ensure(ready)
+        except ApiError as exc:
+            log.warning("cannot update the readiness taint", extra={"error": str(exc)})
+
+    # ----- shutdown
+    def stop(self, grace_s: float = 5.0) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self.publisher.stop()
+        self.reconciler.stop()
+        self.servers.stop(grace_s)
+        if self._liveness is not None:
+            self._liveness.stop(1).wait(2)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        self.events.flush(2)
+        self.lock.close()
+        log.info("driver stopped")

@@ -1,0 +1,138 @@
+"""`eks-dra-driver {gpu|efa|neuron}`: run one DRA kubelet plugin.
+
+Every host path is a flag with an environment fallback, so one machine can run many simulated nodes.
+Exit codes: 0 after SIGTERM/SIGINT, 2 bad flags or environment, 3 the driver must not run here (a newer
+driver's checkpoint). Imports nothing of the CDK; the Kubernetes client is imported lazily and slim
+(see kube.py) to keep start-up under a second and memory low.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+FAMILIES = ("gpu", "efa", "neuron")
+DEFAULT_HEALTH_PORTS = {"gpu": 51515, "efa": 51516, "neuron": 51517}
+DEFAULT_METRICS_PORTS = {"gpu": 51525, "efa": 51526, "neuron": 51527}
+DEFAULT_DRIVER_NAMES = {"gpu": "gpu.eks-dra.io", "efa": "efa.eks-dra.io", "neuron": "neuron.eks-dra.io"}
+
+
+def _env(name: str, default=None):
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="eks-dra-driver", description="eks-dra DRA kubelet plugin")
+    p.add_argument("family", choices=FAMILIES, help="device family this process drives")
+    p.add_argument("--node-name", default=_env("NODE_NAME"), help="this node's name (env NODE_NAME; required)")
+    p.add_argument("--driver-name", default=_env("DRIVER_NAME"), help="DRA driver name (default <family>.eks-dra.io)")
+    p.add_argument("--kubeconfig", default=_env("KUBECONFIG"), help="kubeconfig file (default: in-cluster)")
+    p.add_argument("--host-root", type=Path, default=Path(_env("HOST_ROOT", "/")), help="host's / (sysfs, /dev)")
+    p.add_argument("--plugins-dir", type=Path, default=Path(_env("KUBELET_PLUGINS_DIR", "/var/lib/kubelet/plugins")))
+    p.add_argument("--registry-dir", type=Path,
+                   default=Path(_env("KUBELET_REGISTRY_DIR", "/var/lib/kubelet/plugins_registry")))
+    p.add_argument("--cdi-root", type=Path, default=Path(_env("CDI_ROOT", "/var/run/cdi")))
+    p.add_argument("--state-dir", type=Path, default=_env("STATE_DIR"),
+                   help="checkpoint and lock directory (default <plugins-dir>/<driver>)")
+    p.add_argument("--health-port", type=int, default=_env("HEALTH_PORT"),
+                   help="grpc.health.v1 liveness port (default 51515 gpu, 51516 efa, 51517 neuron; -1 off)")
+    p.add_argument("--health-address", default=_env("HEALTH_ADDRESS", "0.0.0.0"),
+                   help="liveness listen address (the kubelet's gRPC probe dials the pod IP)")
+    p.add_argument("--metrics-port", type=int, default=_env("METRICS_PORT"),
+                   help="Prometheus /metrics port (default 51525 gpu, 51526 efa, 51527 neuron; -1 off)")
+    p.add_argument("--pod-uid", default=_env("POD_UID"), help="plugin pod UID: per-pod socket names")
+    p.add_argument("--reconcile-interval", type=float, default=float(_env("RECONCILE_INTERVAL", 60)),
+                   help="seconds between checkpoint/CDI/API reconciliations (default 60)")
+    p.add_argument("--health-interval", type=float, default=float(_env("HEALTH_INTERVAL", 1)),
+                   help="seconds between device health polls (default 1, at most 2)")
+    p.add_argument("--rediscover-interval", type=float, default=float(_env("REDISCOVER_INTERVAL", 10)),
+                   help="seconds between full device re-discoveries (default 10)")
+    p.add_argument("--resync-interval", type=float, default=float(_env("RESYNC_INTERVAL", 30)),
+                   help="seconds between full ResourceSlice resyncs (default 30)")
+    p.add_argument("--dra-health", action="store_true", default=_env("DRA_HEALTH") in ("1", "true"),
+                   help="serve and advertise v1alpha1.DRAResourceHealth (kubelet gate ResourceHealthStatus)")
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), choices=("debug", "info", "warning", "error"))
+    return p
+
+
+def config_from_args(args: argparse.Namespace):
+    from .driver import DriverConfig
+
+    if not args.node_name:
+        raise SystemExit("eks-dra-driver: error: --node-name (or NODE_NAME) is required")
+    if not 0 < args.health_interval <= 2:
+        raise SystemExit("eks-dra-driver: error: --health-interval must be in (0, 2] seconds")
+    for name in ("reconcile_interval", "rediscover_interval", "resync_interval"):
+        if getattr(args, name) <= 0:
+            raise SystemExit(f"eks-dra-driver: error: --{name.replace('_', '-')} must be positive")
+    driver_name = args.driver_name or DEFAULT_DRIVER_NAMES[args.family]
+    health_port = DEFAULT_HEALTH_PORTS[args.family] if args.health_port is None else int(args.health_port)
+    metrics_port = DEFAULT_METRICS_PORTS[args.family] if args.metrics_port is None else int(args.metrics_port)
+    return DriverConfig(
+        family=args.family, driver_name=driver_name, node_name=args.node_name, host_root=args.host_root,
+        plugins_dir=args.plugins_dir, registry_dir=args.registry_dir, cdi_root=args.cdi_root,
+        state_dir=Path(args.state_dir) if args.state_dir else None, kubeconfig=args.kubeconfig,
+        pod_uid=args.pod_uid or None, health_port=health_port, health_address=args.health_address,
+        metrics_port=metrics_port, reconcile_interval_s=args.reconcile_interval,
+        health_interval_s=args.health_interval, rediscover_interval_s=args.rediscover_interval,
+        resync_interval_s=args.resync_interval, dra_health_stream=args.dra_health)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from . import kube
+
+    kube.use_slim_import()  # before anything imports the kubernetes client
+    from . import logging as driver_logging
+
+    cfg = config_from_args(args)
+    driver_logging.setup(args.log_level, cfg.driver_name, cfg.node_name)
+
+    from .discovery import discover
+    from .driver import Driver, FatalError
+    from .health_sources import HealthMonitor
+
+    try:
+        api = kube.KubeApi(kube.api_client(cfg.kubeconfig))
+    except Exception as exc:  # noqa: BLE001 - bad kubeconfig / not in a cluster: one clear line
+        print(f"eks-dra-driver: error: cannot configure the Kubernetes client: {exc}", file=sys.stderr)
+        return 2
+    monitor = HealthMonitor(cfg.family, cfg.host_root)
+
+    def inventory_source():
+        return discover(cfg.family, cfg.host_root, cfg.node_name)
+
+    def health_source(fresh_inventory):
+        if fresh_inventory is not None:
+            monitor.refresh(fresh_inventory)
+        return monitor.poll()
+
+    stopping = threading.Event()
+
+    def on_signal(signum, frame) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        driver = Driver(cfg, api, inventory_source, health_source)
+        driver.start()
+    except FatalError as exc:
+        print(f"eks-dra-driver: refusing to run: {exc}", file=sys.stderr)
+        return 3
+    except (OSError, ValueError) as exc:
+        print(f"eks-dra-driver: error: {exc}", file=sys.stderr)
+        return 2
+    while not stopping.wait(3600):
+        pass
+    driver.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Checkpoint <-> CDI directory <-> API claims, compared every `interval_s`.
+
+One pass:
+1. records without a namespace/name (rebuilt from the CDI directory after a corrupt checkpoint) are
+   matched to the API's claims by UID with one LIST;
+2. every recorded claim is read from the API (outside the node lock); a claim that is gone (404), was
+   re-created (other UID), deallocated, or no longer allocated here is an orphan: its settings are
+   reverted, its CDI spec removed, its record dropped (Event OrphanCleaned, metric);
+3. under the node lock: CDI specs of this driver without a record are removed (orphan spec), a completed
+   claim whose spec is missing gets it rewritten.
+API errors end the pass early (nothing is cleaned on doubt) and the next pass tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from .kube import ApiError
+from .state import ClaimError, DeviceState
+
+log = logging.getLogger(__name__)
+
+
+class Reconciler:
+    def __init__(self, state: DeviceState, interval_s: float = 60.0) -> None:
+        self.state = state
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.passes = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="reconciler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.run_once()
+            except ApiError as exc:
+                log.warning("reconcile pass stopped: API unavailable", extra={"error": str(exc)})
+            except Exception:  # noqa: BLE001 - the loop must survive anything
+                log.exception("reconcile pass failed")
+
+    def _orphan_reason(self, rec, claim: dict | None) -> str | None:
+        st = self.state
+        if claim is None:
+            return "the ResourceClaim no longer exists"
+        if (claim.get("metadata") or {}).get("uid") != rec.uid:
+            return "the ResourceClaim was re-created with another UID"
+        allocation = (claim.get("status") or {}).get("allocation")
+        if not allocation:
+            return "the ResourceClaim is no longer allocated"
+        ours = {r.get("device") for r in (allocation.get("devices") or {}).get("results") or []
+                if r.get("driver") == st.driver and r.get("pool") == st.node_name}
+        if not ours:
+            return f"the ResourceClaim is no longer allocated to {st.driver} on this node"
+        return None
+
+    def run_once(self) -> dict[str, int]:
+        st = self.state
+        counts = {"orphan_claims": 0, "orphan_specs": 0, "rewritten": 0, "named": 0}
+        cp = st.store.load()
+        unnamed = [r for r in cp.claims.values() if not r.namespace or not r.name]
+        if unnamed:
+            by_uid = {(c.get("metadata") or {}).get("uid"): c for c in st.api.list_claims()}
+            with st.lock.held():
+                cp = st.store.load()
+                for rec in list(cp.claims.values()):
+                    claim = by_uid.get(rec.uid)
+                    if (not rec.namespace or not rec.name) and claim is not None:
+                        rec.namespace = claim["metadata"].get("namespace", "")
+                        rec.name = claim["metadata"].get("name", "")
+                        counts["named"] += 1
+                st.store.save(cp)
+        verdicts: dict[str, str] = {}
+        for rec in list(st.store.load().claims.values()):
+            if not rec.namespace or not rec.name:
+                verdicts[rec.uid] = "no ResourceClaim with this UID exists"
+                continue
+            try:
+                claim = st.api.get_claim(rec.namespace, rec.name)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                claim = None
+            reason = self._orphan_reason(rec, claim)
+            if reason:
+                verdicts[rec.uid] = reason
+        with st.lock.held():
+            for uid, reason in verdicts.items():
+                rec = st.store.load().claims.get(uid)
+                if rec is None:
+                    continue  # unprepared meanwhile
+                st.release(uid)
+                counts["orphan_claims"] += 1
+                st.metrics.orphans_cleaned.labels(st.driver, "claim").inc()
+                st.events.normal("OrphanCleaned", f"{st.driver}: released claim {rec.ref()} "
+                                                  f"({', '.join(d.device_name for d in rec.devices)}): {reason}")
+            cp = st.store.load()
+            for uid in st.cdi.claim_uids() - set(cp.claims):
+                st.cdi.remove(uid)
+                counts["orphan_specs"] += 1
+                st.metrics.orphans_cleaned.labels(st.driver, "cdi_spec").inc()
+                st.events.normal("OrphanCleaned", f"{st.driver}: removed CDI spec of unknown claim {uid}")
+            for rec in list(cp.claims.values()):
+                if rec.completed and not st.cdi.exists(rec.uid):
+                    try:
+                        st._ensure_spec(rec)
+                        counts["rewritten"] += 1
+                    except ClaimError as exc:
+                        log.error("cannot rewrite CDI spec", extra={"claim": rec.uid, "error": str(exc)})
+            st.metrics.prepared_claims.labels(st.driver).set(len(st.store.load().claims))
+        st.metrics.reconcile_runs.labels(st.driver).inc()
+        self.passes += 1
+        if any(counts.values()):
+            log.info("reconciled", extra={"count": counts})
+        return counts

@@ -1,0 +1,275 @@
+"""Prepare and unprepare: the claim checks, the checkpoint, device settings and CDI specs.
+
+Prepare of one claim:
+  1. (no lock) a claim recorded PrepareCompleted returns its recorded devices, after making sure its CDI
+     spec still exists (rewritten if not: /var/run/cdi is a tmpfs);
+  2. (no lock) fetch the claim; refuse a UID mismatch, a claim that is not allocated, allocated to another
+     node (pool = node name) or naming devices this node does not have or that are unhealthy; decode the
+     opaque configs strictly;
+  3. (node lock) refuse devices recorded for another claim (a forged or racing double allocation), record
+     PrepareStarted, apply device settings, write the CDI spec, record PrepareCompleted.
+A crash between any two steps leaves a state that the next prepare (or the reconciler) repairs: a
+PrepareStarted record keeps its devices reserved until its claim is prepared again or goes away.
+Unprepare: revert settings, remove the spec, drop the record; an unknown claim is not an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+
+from . import cdi as cdi_mod
+from .checkpoint import PREPARE_COMPLETED, PREPARE_STARTED, Checkpoint, CheckpointStore, ClaimRecord, PreparedDevice
+from .configs import ConfigError, DeviceSettings, settings_per_request
+from .device_setup import DeviceSetup, SetupError
+from .kube import ApiError
+from .lock import LockTimeout, NodeLock
+
+log = logging.getLogger(__name__)
+UID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    uid: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} ({self.uid})"
+
+
+class ClaimError(Exception):
+    """This claim cannot be prepared; the message goes into its response entry."""
+
+
+@dataclass
+class PlannedDevice:
+    request: str
+    device_name: str
+    admin_access: bool
+    settings: DeviceSettings
+
+
+def validate_ref(ref: ClaimRef) -> None:
+    if not UID_RE.match(ref.uid or ""):
+        raise ClaimError(f"claim uid {ref.uid[:80]!r} is not a Kubernetes UID")
+    if not DNS_LABEL_RE.match(ref.namespace or ""):
+        raise ClaimError(f"claim namespace {ref.namespace[:80]!r} is not a valid namespace name")
+    if len(ref.name or "") > 253 or not DNS_SUBDOMAIN_RE.match(ref.name or ""):
+        raise ClaimError(f"claim name {ref.name[:80]!r} is not a valid object name")
+
+
+def _node_selector_names(selector: dict) -> set[str] | None:
+    """Node names a `metadata.name In [...]` node selector allows (None: it does not restrict by name)."""
+    names: set[str] | None = None
+    for term in selector.get("nodeSelectorTerms") or []:
+        for req in term.get("matchFields") or []:
+            if req.get("key") == "metadata.name" and req.get("operator") == "In":
+                names = (names or set()) | set(req.get("values") or [])
+    return names
+
+
+class DeviceState:
+    def __init__(self, *, driver: str, family: str, node_name: str, api, inventory, store: CheckpointStore,
+                 cdi: cdi_mod.CdiDir, setup: DeviceSetup, lock: NodeLock, metrics, events) -> None:
+        self.driver, self.family, self.node_name = driver, family, node_name
+        self.api, self.inventory, self.store, self.cdi = api, inventory, store, cdi
+        self.setup, self.lock, self.metrics, self.events = setup, lock, metrics, events
+
+    # ----- prepare
+    def prepare(self, refs: list[ClaimRef]) -> dict[str, tuple[list[PreparedDevice], str]]:
+        out: dict[str, tuple[list[PreparedDevice], str]] = {}
+        for ref in refs:
+            if ref.uid in out:
+                continue
+            start = time.perf_counter()
+            try:
+                devices = self._prepare_one(ref)
+                out[ref.uid] = (devices, "")
+                self.metrics.prepare.labels(self.driver, "ok").inc()
+                log.info("prepared", extra={"claim": ref.uid, "claimRef": str(ref),
+                                            "devices": [d.device_name for d in devices],
+                                            "durationMs": round((time.perf_counter() - start) * 1000, 2)})
+            except (ClaimError, ConfigError, SetupError, LockTimeout) as exc:
+                out[ref.uid] = ([], f"{self.driver}: claim {ref}: {exc}")
+                self.metrics.prepare.labels(self.driver, "error").inc()
+                log.warning("prepare refused", extra={"claim": ref.uid, "claimRef": str(ref), "error": str(exc)})
+            except Exception as exc:  # noqa: BLE001 - one claim's failure must not fail the others
+                out[ref.uid] = ([], f"{self.driver}: claim {ref}: internal error: {type(exc).__name__}: {exc}")
+                self.metrics.prepare.labels(self.driver, "error").inc()
+                log.exception("prepare failed", extra={"claim": ref.uid, "claimRef": str(ref)})
+            self.metrics.prepare_seconds.labels(self.driver).observe(time.perf_counter() - start)
+        return out
+
+    def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
+        validate_ref(ref)
+        rec = self.store.load().claims.get(ref.uid)
+        if rec is not None and rec.completed:
+            with self.lock.held():
+                rec = self.store.load().claims.get(ref.uid)
+                if rec is not None and rec.completed:
+                    self._ensure_spec(rec)
+                    return rec.devices
+        try:
+            claim = self.api.get_claim(ref.namespace, ref.name)
+        except ApiError as exc:
+            if exc.status == 404:
+                raise ClaimError("ResourceClaim not found") from None
+            raise ClaimError(f"cannot read the ResourceClaim: {exc}") from None
+        planned = self.plan(ref, claim)
+        with self.lock.held():
+            return self._commit(ref, planned)
+
+    def plan(self, ref: ClaimRef, claim: dict) -> list[PlannedDevice]:
+        """Check the claim against this node and driver and decode its configs (no side effects)."""
+        meta = claim.get("metadata") or {}
+        if meta.get("uid") != ref.uid:
+            raise ClaimError(f"the ResourceClaim now has UID {meta.get('uid')}: it was deleted and re-created")
+        allocation = (claim.get("status") or {}).get("allocation")
+        if not allocation:
+            raise ClaimError("the ResourceClaim is not allocated")
+        names = _node_selector_names(allocation.get("nodeSelector") or {})
+        if names is not None and self.node_name not in names:
+            raise ClaimError(f"allocated to node {', '.join(sorted(names))[:200]}, not to this node {self.node_name}")
+        devices = (allocation.get("devices") or {})
+        results = [r for r in devices.get("results") or [] if isinstance(r, dict) and r.get("driver") == self.driver]
+        if not results:
+            raise ClaimError(f"the allocation has no device of driver {self.driver}")
+        requests = sorted({str(r.get("request", "")) for r in results})
+        settings = settings_per_request(self.family, self.driver, devices.get("config") or [], requests)
+        planned = []
+        for r in results:
+            pool, name = r.get("pool"), r.get("device")
+            if pool != self.node_name:
+                raise ClaimError(f"device {str(name)[:64]} is from pool {str(pool)[:64]}: allocated to another node "
+                                 f"(this node's pool is {self.node_name})")
+            if not isinstance(name, str) or not DNS_LABEL_RE.match(name):
+                raise ClaimError(f"device name {str(name)[:80]!r} is not a valid device name")
+            discovered, (healthy, reason) = self.inventory.get(name)
+            if discovered is None:
+                raise ClaimError(f"device {name} does not exist on node {self.node_name}")
+            if not healthy:
+                raise ClaimError(f"device {name} is unhealthy ({reason}); it was withdrawn from the ResourceSlice")
+            planned.append(PlannedDevice(str(r.get("request", "")), name, bool(r.get("adminAccess")),
+                                         settings[str(r.get("request", ""))]))
+        seen = [p.device_name for p in planned if not p.admin_access]
+        if len(seen) != len(set(seen)):
+            raise ClaimError("the allocation names the same device twice")
+        return planned
+
+    def _commit(self, ref: ClaimRef, planned: list[PlannedDevice]) -> list[PreparedDevice]:
+        cp = self.store.load()
+        rec = cp.claims.get(ref.uid)
+        if rec is not None and rec.completed:  # prepared meanwhile by another thread or process
+            self._ensure_spec(rec)
+            return rec.devices
+        for p in planned:
+            owner = cp.device_owner(p.device_name, except_uid=ref.uid)
+            if owner is not None and not p.admin_access:
+                raise ClaimError(f"device {p.device_name} is already prepared for claim {owner.ref()}; refusing a "
+                                 "double allocation")
+        prepared = [PreparedDevice([p.request.split("/", 1)[0]], self.node_name, p.device_name,
+                                   [cdi_mod.qualified_name(self.driver, ref.uid, p.device_name)]) for p in planned]
+        requested = {p.device_name: p.settings.to_json() for p in planned}
+        rec = ClaimRecord(ref.uid, ref.namespace, ref.name, PREPARE_STARTED, prepared, "",
+                          {"requested": requested})
+        cp.claims[ref.uid] = rec
+        self.store.save(cp)
+        self._apply(rec)
+        rec.state = PREPARE_COMPLETED
+        self.store.save(cp)
+        self.metrics.prepared_claims.labels(self.driver).set(len(cp.claims))
+        return prepared
+
+    def _apply(self, rec: ClaimRecord) -> None:
+        """Apply the record's device settings and write its CDI spec (also used after a reboot)."""
+        pairs, edits = [], []
+        visible: dict[str, list[str]] = {}  # *_VISIBLE_DEVICES: one value per device, joined for the claim
+        for d in rec.devices:
+            discovered, _ = self.inventory.get(d.device_name)
+            if discovered is None:
+                raise ClaimError(f"device {d.device_name} is no longer present on node {self.node_name}")
+            settings = DeviceSettings(**_settings_kwargs(rec.settings.get("requested", {}).get(d.device_name, {})))
+            pairs.append((discovered.device, settings))
+            device_env = {}
+            for key, value in discovered.env.items():
+                if key.endswith("_VISIBLE_DEVICES"):
+                    visible.setdefault(key, []).append(value)
+                else:
+                    device_env[key] = value
+            edits.append(cdi_mod.DeviceEdits(d.device_name, list(discovered.device_nodes), device_env))
+        env, applied = self.setup.apply(pairs)
+        env = {**{k: ",".join(v) for k, v in visible.items()}, **env}
+        rec.settings["applied"] = applied
+        spec = cdi_mod.build_spec(self.driver, rec.uid, edits, list(self.inventory.common_device_nodes), env)
+        self.cdi.write(rec.uid, spec)
+        rec.cdi_spec = self.cdi.path(rec.uid).name
+
+    def _ensure_spec(self, rec: ClaimRecord) -> None:
+        """Rewrite a prepared claim's CDI spec if it is gone (tmpfs after reboot, wiped directory)."""
+        if self.cdi.exists(rec.uid):
+            return
+        self._apply(rec)
+        self.store.save(self.store.load())
+        self.metrics.cdi_rewritten.labels(self.driver).inc()
+        self.events.normal("CDISpecRewritten", f"{self.driver}: CDI spec of prepared claim {rec.ref()} was missing "
+                                               "and has been rewritten")
+
+    # ----- unprepare
+    def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for ref in refs:
+            if ref.uid in out:
+                continue
+            start = time.perf_counter()
+            try:
+                if not UID_RE.match(ref.uid or ""):
+                    raise ClaimError(f"claim uid {ref.uid[:80]!r} is not a Kubernetes UID")
+                with self.lock.held():
+                    self.release(ref.uid)
+                out[ref.uid] = ""
+                self.metrics.unprepare.labels(self.driver, "ok").inc()
+                log.info("unprepared", extra={"claim": ref.uid, "claimRef": str(ref)})
+            except Exception as exc:  # noqa: BLE001
+                out[ref.uid] = f"{self.driver}: claim {ref}: {exc}"
+                self.metrics.unprepare.labels(self.driver, "error").inc()
+                log.warning("unprepare failed", extra={"claim": ref.uid, "error": str(exc)})
+            self.metrics.unprepare_seconds.labels(self.driver).observe(time.perf_counter() - start)
+        return out
+
+    def release(self, uid: str) -> ClaimRecord | None:
+        """Undo a claim (caller holds the node lock): settings, spec, then the record; idempotent."""
+        cp = self.store.load()
+        rec = cp.claims.get(uid)
+        if rec is not None:
+            self.setup.revert(rec.settings.get("applied") or {})
+        self.cdi.remove(uid)  # also when unrecorded: a crash may have left the spec behind
+        if rec is not None:
+            del cp.claims[uid]
+            self.store.save(cp)
+        self.metrics.prepared_claims.labels(self.driver).set(len(cp.claims))
+        return rec
+
+    # ----- after a reboot or a lost checkpoint
+    def reapply_all(self, cp: Checkpoint, boot_id: str) -> int:
+        """Rewrite every completed claim's CDI spec and re-apply its settings (caller holds the lock)."""
+        count = 0
+        for rec in cp.claims.values():
+            if rec.completed:
+                try:
+                    self._apply(rec)
+                    count += 1
+                except (ClaimError, SetupError) as exc:
+                    log.error("could not re-apply claim after reboot", extra={"claim": rec.uid, "error": str(exc)})
+        cp.boot_id = boot_id
+        self.store.save(cp)
+        return count
+
+
+def _settings_kwargs(obj: dict) -> dict:
+    return {"time_slice_interval": obj.get("timeSliceInterval"), "logical_neuron_core": obj.get("logicalNeuronCore")}

@@ -1,0 +1,145 @@
+"""Test set-up for the drivers: fixture host trees, the in-test API, claims, drivers in or out of process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from eks_dra.drivers import discovery, fixture
+from eks_dra.drivers.driver import Driver, DriverConfig
+from eks_dra.drivers.health_sources import HealthMonitor
+from eks_dra.drivers.kube import KubeApi, api_client
+
+from .fake_kube import FakeKube
+from .kubelet import Kubelet
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVERS = {"gpu": "gpu.eks-dra.io", "efa": "efa.eks-dra.io", "neuron": "neuron.eks-dra.io"}
+
+
+def short_tmp() -> Path:
+    """A short directory: Unix socket paths are limited to 107 bytes (pytest's tmp_path is too long)."""
+    return Path(tempfile.mkdtemp(prefix="dra", dir="/tmp"))
+
+
+class Node:
+    """One simulated node: a fixture host tree and the kubelet's directories."""
+
+    def __init__(self, base: Path, instance_type: str, name: str, mig_profile: str | None = None,
+                 without_driver: bool = False) -> None:
+        self.name = name
+        self.base = base
+        self.host = fixture.write_fixture(instance_type, base / "host", name, mig_profile,
+                                          without_driver=without_driver)
+        self.plugins = base / "plugins"
+        self.registry = base / "registry"
+        self.cdi = base / "cdi"
+
+    def config(self, family: str, **overrides) -> DriverConfig:
+        cfg = DriverConfig(family=family, driver_name=DRIVERS[family], node_name=self.name, host_root=self.host,
+                           plugins_dir=self.plugins, registry_dir=self.registry, cdi_root=self.cdi,
+                           health_interval_s=0.2, rediscover_interval_s=0.5, resync_interval_s=2.0,
+                           reconcile_interval_s=1.0, durable=False)
+        for k, v in overrides.items():
+            setattr(cfg, k, v)
+        return cfg
+
+    def args(self, family: str, kubeconfig: Path, *extra: str) -> list[str]:
+        return [family, "--node-name", self.name, "--kubeconfig", str(kubeconfig), "--host-root", str(self.host),
+                "--plugins-dir", str(self.plugins), "--registry-dir", str(self.registry), "--cdi-root", str(self.cdi),
+                "--health-port", "-1", "--metrics-port", "-1", "--health-interval", "0.2",
+                "--rediscover-interval", "0.5", "--resync-interval", "2", "--reconcile-interval", "1", *extra]
+
+
+def sources(family: str, host: Path, node: str):
+    monitor = HealthMonitor(family, host)
+
+    def inventory():
+        return discovery.discover(family, host, node)
+
+    def health(fresh):
+        if fresh is not None:
+            monitor.refresh(fresh)
+        return monitor.poll()
+
+    return inventory, health
+
+
+def start_driver(kube: FakeKube, node: Node, family: str, **overrides) -> Driver:
+    api = KubeApi(api_client(str(kube.write_kubeconfig(node.base / "kubeconfig"))))
+    inventory, health = sources(family, node.host, node.name)
+    driver = Driver(node.config(family, **overrides), api, inventory, health)
+    driver.start()
+    return driver
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def make_claim(driver: str, node: str, devices: list[str], *, namespace: str = "default", name: str | None = None,
+               requests: list[str] | None = None, configs: list[dict] | None = None, pool: str | None = None,
+               uid: str | None = None, admin_access: bool = False, reserved: bool = True) -> dict:
+    """An allocated ResourceClaim as the scheduler leaves it (status.allocation, reservedFor)."""
+    name = name or f"claim-{uuid.uuid4().hex[:8]}"
+    results = [{"request": (requests or ["req"] * len(devices))[i], "driver": driver, "pool": pool or node,
+                "device": d, **({"adminAccess": True} if admin_access else {})} for i, d in enumerate(devices)]
+    claim = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4())},
+        "spec": {"devices": {"requests": [{"name": r, "exactly": {"deviceClassName": driver}}
+                                          for r in sorted(set(requests or ["req"]))]}},
+        "status": {"allocation": {
+            "devices": {"results": results, "config": configs or []},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In",
+                                                                      "values": [node]}]}]}}},
+    }
+    if reserved:
+        claim["status"]["reservedFor"] = [{"resource": "pods", "name": "pod-" + name, "uid": str(uuid.uuid4())}]
+    return claim
+
+
+def registration_socket(node: Node, family: str, pod_uid: str | None = None) -> Path:
+    name = f"{DRIVERS[family]}-{pod_uid}-reg.sock" if pod_uid else f"{DRIVERS[family]}-reg.sock"
+    return node.registry / name
+
+
+def kubelet_for(node: Node, family: str, pod_uid: str | None = None, timeout: float = 10.0) -> Kubelet:
+    sock = registration_socket(node, family, pod_uid)
+    wait_for(sock.exists, timeout, what=f"{sock}")
+    return Kubelet(sock)
+
+
+class DriverProcess:
+    """`eks-dra-driver` as a child process (the real entry point)."""
+
+    def __init__(self, node: Node, family: str, kubeconfig: Path, *extra: str, env: dict | None = None) -> None:
+        self.log = open(node.base / f"driver-{family}.log", "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "eks_dra.drivers.main", *node.args(family, kubeconfig, *extra)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
+                                     env={**os.environ, **(env or {})})
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self, timeout: float = 15) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.kill9()
+        self.log.close()
