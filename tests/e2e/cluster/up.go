@@ -86,6 +86,10 @@ func runUp(args []string) error {
 		kubeconfigs[stem] = path
 	}
 
+	kcmOpts, err := newControllerManagerOptions(kubeconfigs["admin"], p)
+	if err != nil {
+		return fmt.Errorf("kube-controller-manager: %w", err)
+	}
 	var wg sync.WaitGroup
 	errCh := make(chan error, 3)
 	apiCtx, apiCancel := context.WithCancel(context.Background())
@@ -112,7 +116,7 @@ func runUp(args []string) error {
 	if err := startScheduler(ctx, &wg, errCh, kubeconfigs["kube-scheduler"]); err != nil {
 		return fmt.Errorf("kube-scheduler: %w", err)
 	}
-	if err := startControllerManager(ctx, &wg, errCh, kubeconfigs["admin"], p); err != nil {
+	if err := startControllerManager(ctx, &wg, errCh, kcmOpts); err != nil {
 		return fmt.Errorf("kube-controller-manager: %w", err)
 	}
 	// The serviceaccount controller creating "default" in "default" proves the
@@ -366,10 +370,13 @@ func startScheduler(ctx context.Context, wg *sync.WaitGroup, errCh chan error, k
 	return nil
 }
 
-func startControllerManager(ctx context.Context, wg *sync.WaitGroup, errCh chan error, kubeconfig string, p pki) error {
+// newControllerManagerOptions parses the controller-manager flags. It must run
+// before the apiserver adds its flags: it flips the WatchListClient default, which
+// the process-wide feature gate refuses once it is bound to a flag set.
+func newControllerManagerOptions(kubeconfig string, p pki) (*kcmoptions.KubeControllerManagerOptions, error) {
 	s, err := kcmoptions.NewKubeControllerManagerOptions()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	all, disabled, aliases := kcmapp.KnownControllers(), kcmapp.ControllersDisabledByDefault(), kcmapp.ControllerAliases()
 	named := s.Flags(all, disabled, aliases)
@@ -386,10 +393,14 @@ func startControllerManager(ctx context.Context, wg *sync.WaitGroup, errCh chan 
 		"--service-account-private-key-file=" + p.saKey(),
 		"--root-ca-file=" + p.caCert(),
 	}); err != nil {
-		return err
+		return nil, err
 	}
 	s.ParsedFlags = &named
-	c, err := s.Config(ctx, all, disabled, aliases)
+	return s, nil
+}
+
+func startControllerManager(ctx context.Context, wg *sync.WaitGroup, errCh chan error, s *kcmoptions.KubeControllerManagerOptions) error {
+	c, err := s.Config(ctx, kcmapp.KnownControllers(), kcmapp.ControllersDisabledByDefault(), kcmapp.ControllerAliases())
 	if err != nil {
 		return err
 	}

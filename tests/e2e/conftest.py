@@ -1,0 +1,75 @@
+"""Fixtures of the real-control-plane tier (see tests/e2e/README.md).
+
+The Go binary is built once per session, after collection and outside any per-test timeout,
+and only when e2e tests are selected. Without Go every e2e test skips with one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from controlplane import ControlPlane, KubeletStandIn, ensure_binary, go_available
+
+E2E_DIR = Path(__file__).resolve().parent
+NO_GO = "e2e: Go toolchain not found on PATH; install Go >= 1.24 to run the real-control-plane tier"
+
+_build: dict = {}
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "e2e: end-to-end tests against a real Kubernetes 1.34 control plane built from Go modules"
+    )
+
+
+def _is_e2e(item) -> bool:
+    return E2E_DIR in Path(str(item.fspath)).resolve().parents
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _is_e2e(item):
+            item.add_marker(pytest.mark.e2e)
+
+
+def pytest_collection_finish(session):
+    # A cold build takes minutes; doing it here keeps it out of the first test's timeout.
+    if go_available() and any(_is_e2e(item) for item in session.items):
+        try:
+            _build["binary"] = ensure_binary()
+        except Exception as exc:  # reported by the fixture, in the test that needs it
+            _build["error"] = exc
+
+
+@pytest.fixture(scope="session")
+def e2e_binary() -> Path:
+    if not go_available():
+        pytest.skip(NO_GO)
+    if "error" in _build:
+        raise _build["error"]
+    return _build.get("binary") or ensure_binary()
+
+
+@pytest.fixture(scope="session")
+def control_plane(e2e_binary, tmp_path_factory):
+    root = tmp_path_factory.mktemp("control-plane")
+    cp = ControlPlane(e2e_binary, root / "state", etcd_dir=root / "etcd")
+    cp.start()
+    yield cp
+    cp.stop()
+
+
+@pytest.fixture
+def kubelet_factory(e2e_binary, control_plane):
+    """Start kubelet stand-ins for simulated nodes; all are stopped at the end of the test."""
+    started: list[KubeletStandIn] = []
+
+    def start(node: str) -> KubeletStandIn:
+        k = KubeletStandIn(e2e_binary, control_plane.kubeconfig, node)
+        started.append(k)
+        return k.start()
+
+    yield start
+    for k in started:
+        k.stop()

@@ -1,0 +1,310 @@
+"""First tests of the real-control-plane tier: the control plane itself and the kubelet stand-in.
+
+The stand-in is proven with `e2e-cluster example-plugin`, a tiny Go driver built on the upstream
+k8s.io/dynamic-resource-allocation/kubeletplugin library, before any eks-dra driver is involved.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+
+import pytest
+from controlplane import PREPARED_ANNOTATION, sa_kubeconfig, wait_until
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+pytestmark = pytest.mark.e2e
+
+STATIC_DRIVER = "static.e2e.example.com"
+EXAMPLE_DRIVER = "gpu.e2e.example.com"
+
+
+def as_dict(call, *args, **kwargs) -> dict:
+    """Call a kubernetes-client method and return the raw JSON (no model round-trip)."""
+    resp = call(*args, _preload_content=False, **kwargs)
+    return json.loads(resp.data)
+
+
+@pytest.fixture(scope="module")
+def api(control_plane) -> client.ApiClient:
+    return config.new_client_from_config(str(control_plane.kubeconfig))
+
+
+@pytest.fixture(scope="module")
+def core(api) -> client.CoreV1Api:
+    return client.CoreV1Api(api)
+
+
+@pytest.fixture(scope="module")
+def resource(api) -> client.ResourceV1Api:
+    return client.ResourceV1Api(api)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def make_namespace(core: client.CoreV1Api, name: str) -> str:
+    core.create_namespace({"metadata": {"name": name}})
+    # The serviceaccount controller (kube-controller-manager) must create "default" before pods are admitted.
+    wait_until(lambda: core.read_namespaced_service_account("default", name), 60, what=f"default SA in {name}")
+    return name
+
+
+def make_ready_node(core: client.CoreV1Api, name: str) -> None:
+    """A Node as a kubelet would register it: Ready, with capacity, without the not-ready taint."""
+    core.create_node({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}})
+    capacity = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+    core.patch_node_status(
+        name,
+        {"status": {"capacity": capacity, "allocatable": capacity,
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e"}]}},
+    )  # fmt: skip
+    core.patch_node(name, {"spec": {"taints": None}})
+
+
+def device_class(resource: client.ResourceV1Api, name: str, driver: str) -> None:
+    resource.create_device_class(
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+         "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{driver}'"}}]}}
+    )  # fmt: skip
+
+
+def slice_body(name: str, node: str, driver: str, devices: list[str]) -> dict:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {"name": d, "attributes": {"index": {"int": i}, "model": {"string": "e2e-model"}},
+                 "capacity": {"memory": {"value": "16Gi"}}}
+                for i, d in enumerate(devices)
+            ],
+        },
+    }  # fmt: skip
+
+
+def claim_template_and_pod(ns: str, name: str, device_class_name: str, node: str | None = None) -> tuple[dict, dict]:
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class_name}}]}}
+        },
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "containers": [
+                {"name": "ctr", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}}
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+            "terminationGracePeriodSeconds": 5,
+        },
+    }
+    if node:
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return template, pod
+
+
+def generated_claim(core, resource, ns: str, pod_name: str) -> dict:
+    def allocated():
+        pod = as_dict(core.read_namespaced_pod, pod_name, ns)
+        statuses = pod.get("status", {}).get("resourceClaimStatuses") or []
+        if not statuses or not statuses[0].get("resourceClaimName"):
+            return None
+        claim = as_dict(resource.read_namespaced_resource_claim, statuses[0]["resourceClaimName"], ns)
+        return claim if claim.get("status", {}).get("allocation") else None
+
+    return wait_until(allocated, 90, what=f"allocated claim of pod {ns}/{pod_name}")
+
+
+def test_scheduler_allocates_device_from_slice(core, resource):
+    ns = make_namespace(core, unique("e2e-sched"))
+    node = unique("node-static")
+    make_ready_node(core, node)
+    dc = unique("static-gpu")
+    device_class(resource, dc, STATIC_DRIVER)
+    resource.create_resource_slice(slice_body(unique("slice"), node, STATIC_DRIVER, ["gpu-0", "gpu-1"]))
+    template, pod = claim_template_and_pod(ns, "workload", dc)
+    resource.create_namespaced_resource_claim_template(ns, template)
+    core.create_namespaced_pod(ns, pod)
+
+    claim = generated_claim(core, resource, ns, "workload")
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert [(r["driver"], r["pool"]) for r in results] == [(STATIC_DRIVER, node)]
+    assert results[0]["device"] in {"gpu-0", "gpu-1"}
+    assert claim["metadata"]["ownerReferences"][0]["name"] == "workload"  # made by the resourceclaim controller
+    assert [r["name"] for r in claim["status"]["reservedFor"]] == ["workload"]
+    bound = wait_until(lambda: as_dict(core.read_namespaced_pod, "workload", ns)["spec"].get("nodeName"), 60,
+                       what="pod binding")  # fmt: skip
+    assert bound == node
+
+
+SLICE_POLICY = """
+matchConstraints:
+  resourceRules:
+  - apiGroups: ["resource.k8s.io"]
+    apiVersions: ["*"]
+    operations: ["CREATE", "UPDATE", "DELETE"]
+    resources: ["resourceslices"]
+matchConditions:
+- name: isDriverSA
+  expression: request.userInfo.username == "system:serviceaccount:{ns}:{sa}"
+variables:
+- name: userNodeName
+  expression: request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0].orValue('')
+- name: objectNodeName
+  expression: (request.operation == "DELETE" ? oldObject : object).spec.?nodeName.orValue("")
+validations:
+- expression: variables.userNodeName != ""
+  message: no node association found for user, this user must run in a pod on a node and ServiceAccountTokenPodNodeInfo must be enabled
+- expression: variables.userNodeName == variables.objectNodeName
+  messageExpression: '"this user running on node ''"+variables.userNodeName+"'' may not modify " + (variables.objectNodeName == "" ? "cluster resourceslices" : "resourceslices on node ''"+variables.objectNodeName+"''")'
+"""
+
+
+def test_slice_policy_limits_driver_token_to_its_node(control_plane, api, core, resource, tmp_path):
+    import yaml
+
+    ns, sa = unique("e2e-drv"), "driver"
+    node_a, node_b = unique("node-a"), unique("node-b")
+    rbac = client.RbacAuthorizationV1Api(api)
+    rbac.create_cluster_role(
+        {"metadata": {"name": ns},
+         "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+                    "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]}
+    )  # fmt: skip
+    rbac.create_cluster_role_binding(
+        {"metadata": {"name": ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": ns},
+         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]}
+    )  # fmt: skip
+    adm = client.AdmissionregistrationV1Api(api)
+    adm.create_validating_admission_policy(
+        {
+            "metadata": {"name": ns},
+            "spec": {"failurePolicy": "Fail", **yaml.safe_load(SLICE_POLICY.format(ns=ns, sa=sa))},
+        }
+    )
+    adm.create_validating_admission_policy_binding(
+        {"metadata": {"name": ns}, "spec": {"policyName": ns, "validationActions": ["Deny"]}}
+    )
+
+    kubeconfig = sa_kubeconfig(
+        control_plane.binary, control_plane.kubeconfig, ns, sa, node_a, tmp_path / "sa.kubeconfig"
+    )
+    as_driver = client.ResourceV1Api(config.new_client_from_config(str(kubeconfig)))
+
+    # Own node: allowed (retried until RBAC and the policy are picked up by the apiserver).
+    wait_until(lambda: as_driver.create_resource_slice(slice_body(unique("own"), node_a, STATIC_DRIVER, ["d0"])), 30,
+               what="slice create on own node")  # fmt: skip
+
+    def denied_for_other_node():
+        try:
+            as_driver.create_resource_slice(slice_body(unique("other"), node_b, STATIC_DRIVER, ["d0"]))
+        except ApiException as exc:
+            return exc if exc.status == 403 and ns in exc.body else None
+        return None
+
+    exc = wait_until(denied_for_other_node, 30, what="the policy to deny a slice on another node")
+    assert f"may not modify resourceslices on node '{node_b}'" in exc.body
+    # The admin is not matched by the policy.
+    resource.create_resource_slice(slice_body(unique("admin"), node_b, STATIC_DRIVER, ["d0"]))
+
+    # The token survives an apiserver restart (same port, CA and signing key).
+    control_plane.restart()
+    as_driver.create_resource_slice(slice_body(unique("own-after-restart"), node_a, STATIC_DRIVER, ["d0"]))
+
+
+def test_restart_keeps_objects(control_plane, core, resource):
+    ns = make_namespace(core, unique("e2e-restart"))
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "kept"}, "data": {"k": "v"}})
+    name = unique("kept-slice")
+    resource.create_resource_slice(slice_body(name, unique("node-r"), STATIC_DRIVER, ["gpu-0"]))
+
+    control_plane.restart()
+
+    assert core.read_namespaced_config_map("kept", ns).data == {"k": "v"}
+    assert as_dict(resource.read_resource_slice, name)["spec"]["devices"][0]["name"] == "gpu-0"
+
+
+def test_kubelet_stand_in_prepares_and_unprepares(control_plane, kubelet_factory, core, resource):
+    node = unique("node-ex")
+    # A slice left over from an earlier life of the node: the kubelet deletes it on start.
+    resource.create_resource_slice(slice_body(unique("stale"), node, EXAMPLE_DRIVER, ["old"]))
+    kubelet = kubelet_factory(node)
+    assert not [s for s in as_dict(resource.list_resource_slice)["items"] if s["spec"].get("nodeName") == node]
+
+    plugin_log = open(kubelet.root / "example-plugin.log", "wb")
+    plugin = subprocess.Popen(
+        [str(control_plane.binary), "example-plugin", "--kubeconfig", str(control_plane.kubeconfig),
+         "--node", node, "--driver", EXAMPLE_DRIVER,
+         "--registry-dir", str(kubelet.registry_dir), "--plugins-dir", str(kubelet.plugins_dir)],
+        stdout=plugin_log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        ns = make_namespace(core, unique("e2e-kubelet"))
+        dc = unique("example-gpu")
+        device_class(resource, dc, EXAMPLE_DRIVER)
+        wait_until(
+            lambda: [s for s in as_dict(resource.list_resource_slice)["items"]
+                     if s["spec"].get("nodeName") == node and s["spec"]["driver"] == EXAMPLE_DRIVER],
+            60, what="slice published by the example plugin",
+        )  # fmt: skip
+        template, pod = claim_template_and_pod(ns, "workload", dc, node=node)
+        resource.create_namespaced_resource_claim_template(ns, template)
+        core.create_namespaced_pod(ns, pod)
+
+        def running():
+            p = as_dict(core.read_namespaced_pod, "workload", ns)
+            return p if p["status"].get("phase") == "Running" else None
+
+        try:
+            p = wait_until(running, 90, what="pod Running")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\nkubelet log:\n{kubelet.log_tail()}") from exc
+        claim = generated_claim(core, resource, ns, "workload")
+        uid = claim["metadata"]["uid"]
+        device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+        prepared = json.loads(p["metadata"]["annotations"][PREPARED_ANNOTATION])
+        assert prepared == {
+            uid: {
+                "driver": EXAMPLE_DRIVER,
+                "devices": [{"requestNames": ["gpu"], "poolName": node, "deviceName": device,
+                             "cdiDeviceIds": [f"{EXAMPLE_DRIVER}/device={uid}-{device}"]}],
+                "error": "",
+            }
+        }  # fmt: skip
+        assert any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"]["conditions"])
+        # Attempts before the plugin registered fail and are retried; exactly one succeeds.
+        assert [e["claims"][0]["uid"] for e in kubelet.events("prepare") if not e["errors"]] == [uid]
+
+        core.delete_namespaced_pod("workload", ns)
+        unprepared = wait_until(lambda: kubelet.events("unprepare"), 60, what="unprepare report")
+        assert unprepared[0]["claims"] == [{"uid": uid, "namespace": ns, "name": claim["metadata"]["name"],
+                                            "driver": EXAMPLE_DRIVER}]  # fmt: skip
+        assert unprepared[0]["errors"] == {}
+        assert unprepared[0]["pod"] == f"{ns}/workload"
+
+        def claim_gone():
+            try:
+                resource.read_namespaced_resource_claim(claim["metadata"]["name"], ns)
+            except ApiException as exc:
+                return exc.status == 404
+            return False
+
+        wait_until(claim_gone, 60, what="generated claim deleted by the garbage collector")
+    finally:
+        plugin.terminate()
+        plugin.wait(10)
+        plugin_log.close()
