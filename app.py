@@ -6,6 +6,7 @@ A bad config prints one line to stderr and exits 2 (the CDK CLI runs this file a
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from cdk_nag import AwsSolutionsChecks
 from eks_dra.config import load_environment, load_pipeline
 from eks_dra.errors import UserError
 
-CONFIG_DIR = Path(__file__).resolve().parent / "config"
+# Relative when run from the repository root, so that error messages name `config/dev.yaml`.
+CONFIG_DIR = Path(os.path.relpath(Path(__file__).resolve().parent / "config"))
 
 
 def build_app(app: cdk.App) -> None:

@@ -49,8 +49,13 @@ def availability_zones(env: EnvironmentConfig) -> list[str] | None:
 class ClusterStack(Stack):
     """Everything one environment deploys."""
 
+    _configured_azs: list[str] | None = None
+
     def __init__(self, scope: Construct, construct_id: str, env_config: EnvironmentConfig,
                  driver_image: str | None = None, **kwargs) -> None:
+        self._configured_azs = availability_zones(env_config)
+        # One CloudFormation stack name per environment, whether `cdk deploy` or the pipeline deploys it.
+        kwargs.setdefault("stack_name", f"EksDra-{env_config.name}")
         super().__init__(scope, construct_id, env=stack_environment(env_config),
                          description=f"eks-dra {env_config.name}: EKS {env_config.kubernetes_version} with DRA "
                                      "accelerator node groups", **kwargs)
@@ -70,6 +75,11 @@ class ClusterStack(Stack):
                 _construct_id(group.name), self._node_group_props(group))
         self.driver_image = driver_image or env_config.driver_image or self._driver_image_asset()
         self.manifests = self._add_manifests()
+
+    @property
+    def availability_zones(self) -> list[str]:
+        """The config's AZs: with an explicit account the CDK would otherwise look them up (needs credentials)."""
+        return self._configured_azs or super().availability_zones
 
     # --- network ---
 
