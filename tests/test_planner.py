@@ -1,0 +1,426 @@
+"""eks-dra plan: hand-worked allocations on the catalogued topologies (expected devices worked out from
+eks_dra/catalog/instances.py), Kubernetes 1.34 semantics, and the command's output and exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eks_dra import cli
+from eks_dra.planner.cel_env import CelEnvironment
+from eks_dra.planner.claims import load_manifests
+from eks_dra.planner.plan import Planner, PlanResult
+from eks_dra.planner.simulate import nodes_for_instance_type
+
+FIXTURES = Path(__file__).parent / "planner"
+CLASSES = FIXTURES / "classes.yaml"
+PCIE = "resource.kubernetes.io/pcieRoot"
+
+
+def exact(name: str, cls: str, count: int | None = None, selectors: tuple[str, ...] = (), mode: str | None = None,
+          **extra) -> dict:
+    body: dict = {"deviceClassName": cls, **extra}
+    if count is not None:
+        body["count"] = count
+    if mode:
+        body["allocationMode"] = mode
+    if selectors:
+        body["selectors"] = [{"cel": {"expression": s}} for s in selectors]
+    return {"name": name, "exactly": body}
+
+
+def claim(name: str, *requests: dict, constraints: tuple[tuple[str, list[str]], ...] = (),
+          namespace: str = "default") -> dict:
+    devices: dict = {"requests": list(requests)}
+    if constraints:
+        devices["constraints"] = [{"matchAttribute": attr, **({"requests": reqs} if reqs else {})}
+                                  for attr, reqs in constraints]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"devices": devices}}
+
+
+def plan(tmp_path: Path, instance_type: str, *docs: dict, nodes: int = 1, mig_profile: str | None = None,
+         files: tuple[Path, ...] = ()) -> PlanResult:
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    env = CelEnvironment()
+    manifests = load_manifests([CLASSES, *files, path], env)
+    return Planner(env, nodes_for_instance_type(instance_type, nodes, mig_profile=mig_profile)).run(
+        manifests.claims, manifests.pods)
+
+
+def devices_of(result: PlanResult, name: str) -> list[tuple[str, str]]:
+    found = next(c for c in result.claims if c.name == name)
+    assert found.allocated, found.reason
+    return [(d.request, d.device) for d in found.devices]
+
+
+def reason_of(result: PlanResult, name: str) -> str:
+    found = next(c for c in result.claims if c.name == name)
+    assert not found.allocated
+    return found.reason or ""
+
+
+GPU_EFA_ALIGNED = claim("aligned", exact("gpu", "gpu.eks-dra.io"), exact("efa", "efa.eks-dra.io"),
+                        constraints=((PCIE, ["gpu", "efa"]),))
+
+
+# --- aligned GPU + EFA per instance type ----------------------------------------------------------------
+
+@pytest.mark.parametrize(("instance_type", "efa"), [
+    ("p4d.24xlarge", "efa-0000-13-00-0"),  # GPUs 0,1 and EFA 0 share root 10 (buses 11, 12, 13)
+    ("p5.48xlarge", "efa-0000-46-00-0"),  # gpu-0 on 45 under root 44, its EFAs on 46..49
+    ("p5en.48xlarge", "efa-0000-47-00-0"),  # gpu-0/1 on 45/46 under root 44, EFAs 47..4a
+    ("p6-b200.48xlarge", "efa-0000-47-00-0"),  # gpu-0/1 under root 44, EFAs 47 and 48
+])
+def test_aligned_gpu_and_efa(tmp_path, instance_type, efa):
+    result = plan(tmp_path, instance_type, GPU_EFA_ALIGNED)
+    assert devices_of(result, "aligned") == [("gpu", "gpu-0"), ("efa", efa)]
+    assert result.claims[0].devices[0].attributes[PCIE] == result.claims[0].devices[1].attributes[PCIE]
+
+
+def test_g6e_has_no_gpu_on_an_efa_root(tmp_path):
+    result = plan(tmp_path, "g6e.48xlarge", GPU_EFA_ALIGNED)
+    assert reason_of(result, "aligned").startswith(
+        "request gpu+efa: constraint matchAttribute resource.kubernetes.io/pcieRoot over [gpu, efa] cannot be met "
+        "on g6e.48xlarge: no device for gpu shares a value of resource.kubernetes.io/pcieRoot with a device for efa")
+    assert "efa: pci0000:84, pci0000:a5" in reason_of(result, "aligned")
+
+
+@pytest.mark.parametrize(("instance_type", "count", "efas"), [
+    ("p4d.24xlarge", 1, ["efa-0000-13-00-0"]),
+    ("p5.48xlarge", 4, ["efa-0000-46-00-0", "efa-0000-47-00-0", "efa-0000-48-00-0", "efa-0000-49-00-0"]),
+    ("p5en.48xlarge", 4, ["efa-0000-47-00-0", "efa-0000-48-00-0", "efa-0000-49-00-0", "efa-0000-4a-00-0"]),
+    ("p6-b200.48xlarge", 2, ["efa-0000-47-00-0", "efa-0000-48-00-0"]),
+])
+def test_one_gpu_with_the_efa_of_its_root(tmp_path, instance_type, count, efas):
+    doc = claim("gpu-and-its-efa", exact("gpu", "gpu.eks-dra.io"), exact("efa", "efa.eks-dra.io", count),
+                constraints=((PCIE, ["gpu", "efa"]),))
+    result = plan(tmp_path, instance_type, doc)
+    assert devices_of(result, "gpu-and-its-efa") == [("gpu", "gpu-0")] + [("efa", e) for e in efas]
+
+
+def test_one_more_efa_than_the_root_has_backtracks_then_fails(tmp_path):
+    doc = claim("too-many", exact("gpu", "gpu.eks-dra.io"), exact("efa", "efa.eks-dra.io", 5),
+                constraints=((PCIE, ["gpu", "efa"]),))
+    reason = reason_of(plan(tmp_path, "p5.48xlarge", doc), "too-many")
+    assert reason == ("request gpu+efa: constraint matchAttribute resource.kubernetes.io/pcieRoot over [gpu, efa] "
+                      "cannot be met on p5.48xlarge: at most 4 devices for efa share one value of "
+                      "resource.kubernetes.io/pcieRoot (e.g. pci0000:44), the request needs 5")
+
+
+def test_all_efa_variant_is_unsatisfiable_on_p5(tmp_path):
+    # 1.34: All takes all 32 EFAs of the node; with the GPU that is 33 results, over the claim limit of 32.
+    result = plan(tmp_path, "p5.48xlarge", files=(FIXTURES / "aligned-gpu-efa.yaml",))
+    assert reason_of(result, "aligned-all-efa-one-gpu") == (
+        "claim ml/aligned-all-efa-one-gpu: number of requested devices 33 exceeds the claim limit of 32 "
+        "(request efa: All = 32 matching devices of p5.48xlarge)")
+
+
+def test_all_efa_variant_breaks_the_constraint_on_p5en(tmp_path):
+    # 16 EFAs fit in a claim, but they sit on four roots: adding the first EFA of root 5d (bus 60, after
+    # gpu-2 and gpu-3 on 5e and 5f) breaks the constraint,
+    # which for allocationMode All is an error in the 1.34 allocator.
+    result = plan(tmp_path, "p5en.48xlarge", files=(FIXTURES / "aligned-gpu-efa.yaml",))
+    reason = reason_of(result, "aligned-all-efa-one-gpu")
+    assert reason.startswith("claim ml/aligned-all-efa-one-gpu, request efa: cannot add device "
+                             "efa.eks-dra.io/p5en.48xlarge-0/efa-0000-60-00-0 because a claim constraint would not "
+                             "be satisfied; its resource.kubernetes.io/pcieRoot pci0000:5d differs from pci0000:44")
+
+
+def test_all_efa_on_g5_where_every_device_shares_root_00(tmp_path):
+    doc = claim("all", exact("gpu", "gpu.eks-dra.io"), exact("efa", "efa.eks-dra.io", mode="All"),
+                constraints=((PCIE, []),))
+    assert devices_of(plan(tmp_path, "g5.48xlarge", doc), "all") == [("gpu", "gpu-0"), ("efa", "efa-0000-09-00-0")]
+
+
+# --- counts, competition, firstAvailable ---------------------------------------------------------------
+
+def test_count_above_what_the_node_has(tmp_path):
+    result = plan(tmp_path, "p5.48xlarge", claim("big", exact("gpus", "gpu.eks-dra.io", 16)))
+    assert reason_of(result, "big") == "request gpus: count 16 exceeds the 8 matching devices of p5.48xlarge"
+
+
+def test_two_claims_compete_for_one_node(tmp_path):
+    a, b = claim("a", exact("gpus", "gpu.eks-dra.io", 6)), claim("b", exact("gpus", "gpu.eks-dra.io", 6))
+    one = plan(tmp_path, "p5.48xlarge", a, b)
+    assert devices_of(one, "a") == [("gpus", f"gpu-{i}") for i in range(6)]
+    assert reason_of(one, "b") == ("all 1 p5.48xlarge node already holds other claims' devices: request gpus "
+                                   "needs 6 matching devices, at most 2 are free on one node")
+    two = plan(tmp_path, "p5.48xlarge", a, b, nodes=2)
+    assert [c.node for c in two.claims] == ["p5.48xlarge-0", "p5.48xlarge-1"]
+
+
+def test_first_available_falls_through_in_order(tmp_path):
+    doc = claim("flex", {"name": "gpu", "firstAvailable": [
+        {"name": "b200", "deviceClassName": "gpu.eks-dra.io", "count": 2,
+         "selectors": [{"cel": {"expression": "device.attributes['gpu.eks-dra.io'].productName == 'NVIDIA B200'"}}]},
+        {"name": "sixteen", "deviceClassName": "gpu.eks-dra.io", "count": 16},
+        {"name": "four", "deviceClassName": "gpu.eks-dra.io", "count": 4},
+        {"name": "one", "deviceClassName": "gpu.eks-dra.io"},
+    ]}, exact("efa", "efa.eks-dra.io"), constraints=((PCIE, ["gpu/four", "efa"]),))
+    result = plan(tmp_path, "p5.48xlarge", doc)
+    # gpu/four's devices span four roots, so no EFA matches all of them: the search backtracks over gpu/four
+    # combinations, cannot meet the constraint, and falls through to gpu/one (which the constraint ignores).
+    assert devices_of(result, "flex") == [("gpu/one", "gpu-0"), ("efa", "efa-0000-46-00-0")]
+    on_b200 = plan(tmp_path, "p6-b200.48xlarge", doc)
+    assert devices_of(on_b200, "flex") == [("gpu/b200", "gpu-0"), ("gpu/b200", "gpu-1"), ("efa", "efa-0000-47-00-0")]
+
+
+def test_first_available_none_possible_names_each_subrequest(tmp_path):
+    doc = claim("flex", {"name": "gpu", "firstAvailable": [
+        {"name": "many", "deviceClassName": "gpu.eks-dra.io", "count": 9},
+        {"name": "mig", "deviceClassName": "mig.gpu.eks-dra.io"},
+    ]})
+    assert reason_of(plan(tmp_path, "p5.48xlarge", doc), "flex") == (
+        "request gpu: no subrequest can be met (gpu/many: count 9 exceeds the 8 matching devices of p5.48xlarge; "
+        "gpu/mig: no device of p5.48xlarge matches DeviceClass mig.gpu.eks-dra.io "
+        "(devices there: 32 from efa.eks-dra.io, 8 from gpu.eks-dra.io))")
+
+
+# --- Neuron device groups ------------------------------------------------------------------------------
+
+def _neuron_group(size: int, neurons: int, efas: int) -> dict:
+    attr = f"resource.aws.com/devicegroup{size}_id"
+    return claim(f"group{size}", exact("neuron", "neuron.eks-dra.io", neurons), exact("efa", "efa.eks-dra.io", efas),
+                 constraints=((attr, ["neuron", "efa"]),))
+
+
+@pytest.mark.parametrize(("instance_type", "size", "efas", "expected_efa"), [
+    # trn2: one EFA per Neuron device (neurons 0-3 on EFA buses c9, b4, b3, ca; 4-7 on 6c, 57, 56, 6d).
+    ("trn2.48xlarge", 4, 4, ["b3", "b4", "c9", "ca"]),
+    ("trn2.48xlarge", 8, 8, ["56", "57", "6c", "6d", "b3", "b4", "c9", "ca"]),
+    # trn1: two Neuron devices per EFA (neurons 0-3 on EFAs 11 and 12 under root 10, 4-7 on 21, 22).
+    ("trn1.32xlarge", 4, 2, ["11", "12"]),
+    ("trn1.32xlarge", 8, 4, ["11", "12", "21", "22"]),
+])
+def test_neuron_groups_with_their_efa(tmp_path, instance_type, size, efas, expected_efa):
+    result = plan(tmp_path, instance_type, _neuron_group(size, size, efas))
+    # Devices are walked in slice (name) order: neuron-0, neuron-1, neuron-10, ...; the group id of neuron-0
+    # keeps neuron-10.. out.
+    assert devices_of(result, f"group{size}") == (
+        [("neuron", f"neuron-{i}") for i in range(size)] + [("efa", f"efa-0000-{b}-00-0") for b in expected_efa])
+
+
+def test_neuron_group_needing_more_efa_than_wired(tmp_path):
+    reason = reason_of(plan(tmp_path, "trn1.32xlarge", _neuron_group(4, 4, 4)), "group4")
+    assert "at most 2 devices for efa share one value of resource.aws.com/devicegroup4_id" in reason
+
+
+# --- templates, workloads, shared claims ------------------------------------------------------------------
+
+def test_template_used_by_a_job_with_parallelism_3(tmp_path):
+    result = plan(tmp_path, "p5.48xlarge", nodes=1, files=(FIXTURES / "aligned-gpu-efa.yaml",))
+    names = [c.name for c in result.claims]
+    assert names[:3] == ["train-0-accel", "train-1-accel", "train-2-accel"]
+    gpus = [[d.device for d in c.devices if d.request == "gpu"] for c in result.claims[:3]]
+    assert gpus == [["gpu-0"], ["gpu-1"], ["gpu-2"]]  # each with the 4 EFAs of its own root
+    efa_roots = {d.attributes[PCIE] for d in result.claims[1].devices}
+    assert efa_roots == {"pci0000:55"}
+
+
+def test_shared_claim_used_by_two_pods_lands_both_on_its_node(tmp_path):
+    shared = claim("shared-efa", exact("efa", "efa.eks-dra.io"))
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "four-gpus", "namespace": "default"},
+                "spec": {"spec": {"devices": {"requests": [exact("gpus", "gpu.eks-dra.io", 4)]}}}}
+
+    def pod(name: str) -> dict:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+                "spec": {"tolerations": [{"operator": "Exists"}],
+                         "resourceClaims": [{"name": "net", "resourceClaimName": "shared-efa"},
+                                            {"name": "gpus", "resourceClaimTemplateName": "four-gpus"}],
+                         "containers": [{"name": "c", "image": "busybox"}]}}
+
+    result = plan(tmp_path, "p5.48xlarge", shared, template, pod("a"), pod("b"), pod("c"), nodes=2)
+    assert [c.name for c in result.claims] == ["shared-efa", "a-gpus", "b-gpus", "c-gpus"]
+    shared_claim, a, b, c = result.claims
+    assert shared_claim.node == a.node == b.node == "p5.48xlarge-0"
+    assert [d.device for d in b.devices] == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]
+    # Pod c must also run where the shared claim is, and that node has no free GPU left (node 1 is idle).
+    assert not c.allocated
+    assert c.reason == ("pod c: node p5.48xlarge-0 of the shared claim already holds other claims' devices: "
+                        "request gpus needs 4 matching devices, at most 0 are free on one node")
+
+
+def test_deployment_replicas_get_one_claim_each(tmp_path):
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "one-gpu", "namespace": "web"},
+                "spec": {"spec": {"devices": {"requests": [exact("gpu", "gpu.eks-dra.io")]}}}}
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "infer", "namespace": "web"},
+                  "spec": {"replicas": 3, "template": {"spec": {
+                      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "true",
+                                       "effect": "NoSchedule"}],
+                      "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                      "containers": [{"name": "c", "image": "x"}]}}}}
+    result = plan(tmp_path, "g6e.48xlarge", template, deployment)
+    assert [(c.name, c.namespace, c.devices[0].device) for c in result.claims] == [
+        ("infer-0-gpu", "web", "gpu-0"), ("infer-1-gpu", "web", "gpu-1"), ("infer-2-gpu", "web", "gpu-2")]
+
+
+def test_pod_without_the_gpu_toleration_is_not_placed(tmp_path):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+           "spec": {"resourceClaims": [{"name": "g", "resourceClaimName": "one"}], "containers": []}}
+    result = plan(tmp_path, "p5.48xlarge", claim("one", exact("gpu", "gpu.eks-dra.io")), pod)
+    assert reason_of(result, "one") == (
+        "no node may run pod p (p5.48xlarge: taint nvidia.com/gpu=true:NoSchedule is not tolerated)")
+
+
+def test_admin_access_shares_an_allocated_device(tmp_path):
+    a = claim("all-gpus", exact("gpus", "gpu.eks-dra.io", 8))
+    monitor = claim("monitor", exact("gpu", "gpu.eks-dra.io", adminAccess=True))
+    result = plan(tmp_path, "p5.48xlarge", a, monitor)
+    assert devices_of(result, "monitor") == [("gpu", "gpu-0")]
+
+
+def test_mig_devices(tmp_path):
+    doc = claim("slices", exact("mig", "mig.gpu.eks-dra.io", 8))
+    result = plan(tmp_path, "p4d.24xlarge", doc, mig_profile="1g.5gb")
+    got = [d for _, d in devices_of(result, "slices")]
+    assert got == [f"gpu-0-mig-1g-5gb-{i}" for i in range(7)] + ["gpu-1-mig-1g-5gb-0"]
+
+
+# --- CEL semantics -------------------------------------------------------------------------------------
+
+def test_quantity_and_semver_selectors(tmp_path):
+    doc = claim("cel", exact("gpu", "gpu.eks-dra.io", 8, selectors=(
+        "device.capacity['gpu.eks-dra.io'].memory.isGreaterThan(quantity('79Gi'))",
+        "device.capacity['gpu.eks-dra.io'].memory.compareTo(quantity('80Gi')) == 0",
+        "device.attributes['gpu.eks-dra.io'].cudaComputeCapability.isGreaterThan(semver('8.9.0'))",
+        "device.attributes['gpu.eks-dra.io'].driverVersion.isLessThan(semver('v600', true))",
+        "!('nvlinkDomain' in device.attributes['gpu.eks-dra.io'])",
+        "size(device.attributes['vendor.example.com']) == 0",
+        "cel.bind(a, device.attributes['gpu.eks-dra.io'], a.index >= 0 && a.architecture == 'Hopper')",
+    )))
+    assert len(devices_of(plan(tmp_path, "p5.48xlarge", doc), "cel")) == 8
+    assert reason_of(plan(tmp_path, "p4d.24xlarge", doc), "cel") == (
+        "request gpu: 8 devices of p4d.24xlarge match DeviceClass gpu.eks-dra.io, none of them the request's "
+        "selectors")
+
+
+def test_unknown_attribute_is_an_evaluation_error(tmp_path):
+    doc = claim("typo", exact("gpu", "gpu.eks-dra.io", selectors=("device.attributes['gpu.eks-dra.io'].model == 'x'",)))
+    reason = reason_of(plan(tmp_path, "p5.48xlarge", doc), "typo")
+    assert reason.endswith("spec.devices.requests[0].exactly.selectors[0].cel.expression: CEL runtime error on "
+                           "device gpu-0 of node p5.48xlarge-0: no such key: model")
+
+
+def test_match_attribute_on_a_driver_attribute_given_fully_qualified(tmp_path):
+    doc = claim("same-numa", exact("gpus", "gpu.eks-dra.io", 2), exact("efa", "efa.eks-dra.io"),
+                constraints=(("gpu.eks-dra.io/numaNode", ["gpus"]), (PCIE, ["efa"])))
+    assert devices_of(plan(tmp_path, "p5.48xlarge", doc), "same-numa")[:2] == [("gpus", "gpu-0"), ("gpus", "gpu-1")]
+
+
+def test_v1beta1_flat_request_shape(tmp_path):
+    doc = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaim", "metadata": {"name": "old"},
+           "spec": {"devices": {"requests": [{"name": "gpu", "deviceClassName": "gpu.eks-dra.io", "count": 2}]}}}
+    assert devices_of(plan(tmp_path, "p5.48xlarge", doc), "old") == [("gpu", "gpu-0"), ("gpu", "gpu-1")]
+
+
+# --- the command ------------------------------------------------------------------------------------------
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_cli_json_shape_and_exit_codes(tmp_path, capsys):
+    good = _write(tmp_path, "good.yaml", yaml.safe_dump(GPU_EFA_ALIGNED))
+    assert cli.main(["plan", "--instance-type", "p5.48xlarge", "--claims", str(CLASSES), str(good),
+                     "--output", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == {"claims": [{
+        "name": "aligned", "namespace": "default", "allocated": True, "node": "p5.48xlarge-0", "reason": None,
+        "devices": [
+            {"request": "gpu", "driver": "gpu.eks-dra.io", "pool": "p5.48xlarge-0", "device": "gpu-0",
+             "attributes": {PCIE: "pci0000:44", "gpu.eks-dra.io/type": "gpu"}},
+            {"request": "efa", "driver": "efa.eks-dra.io", "pool": "p5.48xlarge-0", "device": "efa-0000-46-00-0",
+             "attributes": {PCIE: "pci0000:44"}},
+        ]}]}
+    assert cli.main(["plan", "--instance-type", "g6e.48xlarge", "--claims", str(CLASSES), str(good)]) == 1
+    table = capsys.readouterr().out
+    assert "default/aligned" in table and "NOT ALLOCATED" in table and "0 of 1 claims allocated" in table
+
+
+def test_cli_table_lists_devices_and_attributes(tmp_path, capsys):
+    good = _write(tmp_path, "good.yaml", yaml.safe_dump(GPU_EFA_ALIGNED))
+    assert cli.main(["plan", "--instance-type", "p5.48xlarge", "--nodes", "2", "--claims", str(CLASSES),
+                     str(good)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["CLAIM", "NODE", "REQUEST", "DEVICE", "ATTRIBUTES"]
+    assert lines[1].split() == ["default/aligned", "p5.48xlarge-0", "gpu", "gpu.eks-dra.io/gpu-0",
+                                "resource.kubernetes.io/pcieRoot=pci0000:44", "type=gpu"]
+    assert "1 of 1 claims allocated, on 1 of 2 nodes" in lines
+
+
+def test_cli_custom_driver_names(tmp_path, capsys):
+    classes = _write(tmp_path, "classes.yaml", CLASSES.read_text().replace("gpu.eks-dra.io", "gpu.example.com"))
+    doc = claim("c", exact("gpu", "gpu.example.com"))
+    claims = _write(tmp_path, "c.yaml", yaml.safe_dump(doc))
+    args = ["plan", "--instance-type", "p5.48xlarge", "--claims", str(classes), str(claims), "-o", "json"]
+    assert cli.main(args) == 1  # our GPU driver publishes as gpu.eks-dra.io by default
+    capsys.readouterr()
+    assert cli.main([*args, "--driver-name", "gpu=gpu.example.com"]) == 0
+    assert json.loads(capsys.readouterr().out)["claims"][0]["devices"][0]["driver"] == "gpu.example.com"
+
+
+BAD_INPUTS = [
+    ("malformed.yaml", "kind: ResourceClaim\nmetadata: {name: x\n", "malformed.yaml:"),
+    ("scalar.yaml", "just text\n", "scalar.yaml: document 1 is not a Kubernetes object"),
+    ("unknown-class.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.example.com"))),
+     "unknown-class.yaml: ResourceClaim default/foo: spec.devices.requests[0].exactly.deviceClassName: device class "
+     "gpu.example.com not found"),
+    ("syntax.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.eks-dra.io", selectors=(
+        "device.driver == 'gpu.eks-dra.io'", "device.attributes['gpu.eks-dra.io'].index >")))),
+     "syntax.yaml: ResourceClaim default/foo: spec.devices.requests[0].exactly.selectors[1].cel.expression: "
+     "syntax error"),
+    ("undeclared.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.eks-dra.io", selectors=("dev.driver == 'x'",)))),
+     "spec.devices.requests[0].exactly.selectors[0].cel.expression: undeclared reference to dev"),
+    ("both.yaml", yaml.safe_dump(claim("foo", {"name": "gpu", "exactly": {"deviceClassName": "gpu.eks-dra.io"},
+                                               "firstAvailable": []})),
+     "spec.devices.requests[0]: set exactly one of exactly or firstAvailable"),
+    ("count.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.eks-dra.io", 0))),
+     "spec.devices.requests[0].exactly.count: 0 must be a positive integer"),
+    ("all-count.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.eks-dra.io", 2, mode="All"))),
+     "spec.devices.requests[0].exactly.count: must not be set when allocationMode is All"),
+    ("constraint-ref.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.eks-dra.io"),
+                                                 constraints=((PCIE, ["nic"]),))),
+     "spec.devices.constraints[0].requests[0]: 'nic' is not a request of this claim"),
+    ("unqualified.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.eks-dra.io"), constraints=(("pcieRoot", []),))),
+     "spec.devices.constraints[0].matchAttribute: 'pcieRoot' must be a fully qualified attribute name"),
+    ("distinct.yaml", yaml.safe_dump({**claim("foo", exact("gpu", "gpu.eks-dra.io")), "spec": {"devices": {
+        "requests": [exact("gpu", "gpu.eks-dra.io")], "constraints": [{"distinctAttribute": PCIE}]}}}),
+     "spec.devices.constraints[0].distinctAttribute: needs the alpha feature gate DRAConsumableCapacity"),
+    ("missing-claim.yaml", yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {
+        "resourceClaims": [{"name": "x", "resourceClaimName": "nope"}], "containers": []}}),
+     "missing-claim.yaml: Pod default/p: spec.resourceClaims[0].resourceClaimName: ResourceClaim default/nope is not "
+     "in the given files"),
+    ("duplicate.yaml", yaml.safe_dump_all([claim("foo", exact("g", "gpu.eks-dra.io"))] * 2),
+     "duplicate.yaml: ResourceClaim default/foo: defined twice"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "message"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_exits_2_naming_file_object_and_field(tmp_path, capsys, name, text, message):
+    path = _write(tmp_path, name, text)
+    assert cli.main(["plan", "--instance-type", "p5.48xlarge", "--claims", str(CLASSES), str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--instance-type", "p5.48xl", "--claims", str(CLASSES)], "not in the eks-dra accelerator catalog"),
+    (["--instance-type", "p5.48xlarge", "--mig-profile", "9g.1tb", "--claims", str(CLASSES)],
+     "MIG profile '9g.1tb' does not exist"),
+    (["--instance-type", "p5.48xlarge"], "--claims FILE... is required"),
+    ([], "give --instance-type T"),
+    (["--instance-type", "p5.48xlarge", "--nodes", "0", "--claims", str(CLASSES)], "--nodes must be at least 1"),
+])
+def test_bad_command_lines_exit_2(capsys, args, message):
+    assert cli.main(["plan", *args]) == 2
+    assert message in capsys.readouterr().err
