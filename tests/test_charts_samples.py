@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import json
 
 import pytest
-from charts.environments import environment, synthesized
+from charts.environments import ALL, config_dir, dist_dir, environment, synthesized
 from charts.k8s_objects import of_kind
 
+from eks_dra import cli
 from eks_dra.charts.samples import NodeGroupDevices, all_efas_on_one_gpu_root, efas_per_gpu_root, efas_per_group4
 from eks_dra.devices import PCIE_ROOT, simulate_node
 from eks_dra.errors import UserError
@@ -39,6 +43,20 @@ def test_dev_covers_every_case_its_node_groups_allow() -> None:
     assert _samples("config/dev") == {
         "gpu-job", "shared-gpu", "time-slicing", "prioritized", "gpu-efa-aligned", "gpu-efa-root", "mig",
         "neuron-lnc", "neuron-efa-aligned", "device-plugin-gpu", "device-plugin-efa"}
+
+
+@pytest.mark.parametrize("key", [k for k in ALL if k != "fixture/upstream"])
+def test_eks_dra_plan_allocates_every_sample_claim(key: str) -> None:
+    """The planner (1.34 allocator semantics) places every sample the environment ships on its node groups.
+    (Upstream environments are left out: the vendor charts, not our manifests, define their DeviceClasses.)"""
+    synthesized(key)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = cli.main(["plan", "-c", f"env={key.split('/', 1)[1]}", "--config-dir", str(config_dir(key)),
+                       "--dist-dir", str(dist_dir(key)), "--output", "json"])
+    report = json.loads(out.getvalue())
+    failed = {c["name"]: c["reason"] for c in report["claims"] if not c["allocated"]}
+    assert rc == 0 and not failed, failed
 
 
 def test_full_fixture_covers_every_case_of_the_guide() -> None:

@@ -160,7 +160,8 @@ class SamplesChart(cdk8s.Chart):
                               spec=k8s.ResourceClaimSpec(devices=claim))
 
     def _pod_spec(self, *, template: str | None = None, claim: str | None = None, restart: str = "Never",
-                  seconds: int = 3600, extended: dict[str, int] | None = None) -> k8s.PodSpec:
+                  seconds: int = 3600, extended: dict[str, int] | None = None,
+                  node_group: str | None = None) -> k8s.PodSpec:
         pod_claims = None
         container_claims = None
         if template or claim:
@@ -170,6 +171,7 @@ class SamplesChart(cdk8s.Chart):
         limits = {k: k8s.Quantity.from_number(v) for k, v in (extended or {}).items()}
         return k8s.PodSpec(
             restart_policy=restart,
+            node_selector={labels.NODE_GROUP_LABEL: node_group} if node_group else None,
             tolerations=labels.accelerator_tolerations(),
             resource_claims=pod_claims,
             security_context=k8s.PodSecurityContext(run_as_non_root=True, run_as_user=65534,
@@ -250,13 +252,15 @@ class SamplesChart(cdk8s.Chart):
 
     def _gpu_all_efa_root(self, group: NodeGroupDevices) -> None:
         """The guide's `allocationMode: All` variant. Generated only because every EFA of this group's nodes
-        sits on one GPU's PCIe root (e.g. g5.48xlarge); on p4d/p5/p5en/p6-b200 it could never be allocated."""
+        sits on one GPU's PCIe root (e.g. g5.48xlarge); on p4d/p5/p5en/p6-b200 it could never be allocated.
+        Pinned to the group: on a p5 node `All` means 32 EFAs + 1 GPU, over the 32-device claim limit, which the
+        1.34 allocator reports as an error (not "unschedulable") and that fails the pod's whole scheduling cycle."""
         self._template("gpu-all-efa-root", "gpu-all-efa-root", k8s.DeviceClaim(
             requests=[k8s.DeviceRequest(name="gpu", exactly=self._exact(self.classes.class_name("gpu"), 1)),
                       k8s.DeviceRequest(name="efas", exactly=self._exact(self.classes.class_name("efa"),
                                                                          all_devices=True))],
             constraints=[k8s.DeviceConstraint(requests=["gpu", "efas"], match_attribute=PCIE_ROOT)]))
-        self._pod("gpu-all-efa-root", "gpu-all-efa-root", template="gpu-all-efa-root")
+        self._pod("gpu-all-efa-root", "gpu-all-efa-root", template="gpu-all-efa-root", node_group=group.name)
 
     def _mig(self, profile: str | None) -> None:
         """A MIG device of one profile, chosen by CEL on the MIG class (static MIG: partitions exist already)."""

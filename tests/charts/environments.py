@@ -23,15 +23,24 @@ _OUT = Path(tempfile.mkdtemp(prefix="eks-dra-charts-"))
 
 
 def environment(key: str) -> EnvironmentConfig:
-    where, name = key.split("/", 1)
-    return load_environment(name, SHIPPED_DIR if where == "config" else FIXTURE_DIR)
+    name = key.split("/", 1)[1]
+    return load_environment(name, config_dir(key))
 
 
 @functools.cache
 def synthesized(key: str) -> tuple[tuple[Path, ...], tuple[dict, ...]]:
     """(manifest files, documents) of one environment; synthesized once per test session."""
-    paths = write_manifests(environment(key), _OUT / key.replace("/", "-"))
+    paths = write_manifests(environment(key), dist_dir(key) / key.split("/", 1)[1])
     return tuple(paths), tuple(load_documents(paths))
+
+
+def dist_dir(key: str) -> Path:
+    """The `dist` folder holding `<env name>/*.k8s.yaml` of this environment (what `eks-dra plan` reads)."""
+    return _OUT / key.split("/", 1)[0]
+
+
+def config_dir(key: str) -> Path:
+    return SHIPPED_DIR if key.startswith("config/") else FIXTURE_DIR
 
 
 def driver_of(env: EnvironmentConfig, family: str) -> str:
