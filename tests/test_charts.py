@@ -101,7 +101,7 @@ def test_driver_daemon_set_follows_the_runtime_contract() -> None:
         assert volumes[mounts["/host"]["name"]] == "/"
         assert c["resources"]["requests"] and c["resources"]["limits"]
         sc = c["securityContext"]
-        if family == "gpu":
+        if family in ("gpu", "efa"):  # NVML device nodes; EFA also runs on dev's Bottlerocket g6e group
             assert sc["privileged"] is True
         else:
             assert sc["privileged"] is False and sc["capabilities"] == {"drop": ["ALL"]}
@@ -209,3 +209,38 @@ def test_namespaced_objects_name_their_namespace_and_cluster_objects_do_not(key:
             assert "namespace" not in doc["metadata"], doc["metadata"]
         else:
             assert doc["metadata"]["namespace"] in namespaces, doc["metadata"]
+
+
+@pytest.mark.parametrize("key", ["config/dev", "fixture/names"])
+def test_daemon_set_command_and_env_parse_with_the_driver_cli(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the DaemonSet runs is accepted by `eks-dra-driver` and yields the intended configuration."""
+    from eks_dra.drivers import main as driver_main
+
+    env = environment(key)
+    _, docs = synthesized(key)
+    for ds in _driver_daemon_sets(docs):
+        (c,) = ds["spec"]["template"]["spec"]["containers"]
+        downward = {"spec.nodeName": "ip-10-0-0-1.ec2.internal", "metadata.uid": "0f1e2d3c-pod-uid"}
+        for var in c["env"]:
+            value = var["value"] if "value" in var else downward[var["valueFrom"]["fieldRef"]["fieldPath"]]
+            monkeypatch.setenv(var["name"], value)
+        assert c["command"][0] == "eks-dra-driver"
+        config = driver_main.config_from_args(driver_main.build_parser().parse_args(c["command"][1:] + c["args"]))
+        family = config.family
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert config.driver_name == env.drivers.names.for_family(family)
+        assert (config.node_name, config.pod_uid) == ("ip-10-0-0-1.ec2.internal", "0f1e2d3c-pod-uid")
+        assert (config.health_port, config.metrics_port) == (ports["health"], ports["metrics"])
+        assert config.health_address == "0.0.0.0"  # the kubelet's gRPC probe dials the pod IP
+        mounts = {m["mountPath"] for m in c["volumeMounts"]}
+        assert {str(config.host_root), str(config.plugins_dir), str(config.registry_dir), str(config.cdi_root)} <= mounts
+
+
+def test_efa_and_neuron_drivers_run_unprivileged_without_bottlerocket() -> None:
+    _, docs = synthesized("fixture/names")  # AL2023 only
+    for ds in _driver_daemon_sets(docs):
+        sc = ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+        privileged = ds["metadata"]["name"] == "eks-dra-gpu-driver"
+        assert sc["privileged"] is privileged, ds["metadata"]["name"]
+        if not privileged:
+            assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False

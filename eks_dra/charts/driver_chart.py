@@ -18,7 +18,7 @@ from . import labels
 DEFAULT_IMAGE = "eks-dra-driver:0.1.0"
 # Driver runtime contract (CONTRACTS.md): the health port each family's driver serves grpc.health.v1 on.
 HEALTH_PORTS = {"gpu": 51515, "efa": 51516, "neuron": 51517}
-METRICS_PORTS = {"gpu": 9515, "efa": 9516, "neuron": 9517}
+METRICS_PORTS = {"gpu": 51525, "efa": 51526, "neuron": 51527}
 LIVENESS_SERVICE = "liveness"
 
 KUBELET_PLUGINS_DIR = "/var/lib/kubelet/plugins"
@@ -39,6 +39,9 @@ class DriverSettings:
     # Readiness taints of the other DRA drivers: a node with GPU and EFA starts with both taints, and each
     # driver must start while the other's taint is still there.
     other_readiness_taints: tuple[str, ...] = ()
+    # Some of the family's nodes run Bottlerocket, whose enforcing SELinux policy keeps unprivileged
+    # containers (container_t) from writing host paths such as the kubelet plugin and registry dirs.
+    selinux_enforcing_hosts: bool = False
 
     @property
     def name(self) -> str:
@@ -283,10 +286,12 @@ class DriverChart(cdk8s.Chart):
         )
 
     def _security_context(self) -> k8s.SecurityContext:
-        if self.settings.family == "gpu":
-            # NVML opens /dev/nvidiactl and /dev/nvidia<N> for discovery, XID/ECC health events and the
+        s = self.settings
+        if s.family == "gpu" or s.selinux_enforcing_hosts:
+            # GPU: NVML opens /dev/nvidiactl and /dev/nvidia<N> for discovery, XID/ECC health events and the
             # time-slicing setting; the container's device cgroup grants those nodes only to a privileged
-            # container (there is no capability for it). Root also owns the kubelet socket and CDI dirs.
+            # container (no capability does). Bottlerocket: only a privileged container may create the
+            # kubelet sockets and CDI specs in host paths. Root owns those directories in both cases.
             return k8s.SecurityContext(privileged=True, run_as_user=0, read_only_root_filesystem=True)
         # EFA and Neuron discovery and health read sysfs only, and prepare writes CDI specs: root (owner
         # of the kubelet plugin/registry dirs and /var/run/cdi) is enough, without any capability.

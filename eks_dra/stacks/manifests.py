@@ -81,7 +81,8 @@ def build_k8s_app(env: EnvironmentConfig, image: str | None = None, *, outdir: P
         for family in ours:
             order.append(DriverChart(app, f"eks-dra-driver-{family}", settings=DriverSettings(
                 family=family, driver_name=classes.driver(family), image=image,
-                other_readiness_taints=readiness)))
+                other_readiness_taints=readiness,
+                selinux_enforcing_hosts=any(g.ami_family == "bottlerocket" for g in env.dra_node_groups(family)))))
     groups = node_group_devices(env)
     definitions = classes.owned(_dra_device_kinds(groups))
     if definitions:
