@@ -13,40 +13,47 @@ from pathlib import Path
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
-from eks_dra.config import load_environment, load_pipeline
+from eks_dra.config import EnvironmentConfig, load_environment, load_pipeline
 from eks_dra.errors import UserError
 
 # Relative when run from the repository root, so that error messages name `config/dev.yaml`.
 CONFIG_DIR = Path(os.path.relpath(Path(__file__).resolve().parent / "config"))
 
 
-def build_app(app: cdk.App) -> None:
+def build_app(app: cdk.App, config_dir: Path = CONFIG_DIR, manifests_dir: Path | None = Path("dist")) -> list:
+    """Add the stacks chosen by the app's context and the cdk-nag checks; return the stacks.
+    Writes dist/<env>/*.k8s.yaml unless manifests_dir is None. Raises UserError on a bad config."""
     from eks_dra.stacks.cluster_stack import ClusterStack
 
+    stacks: list = []
     if str(app.node.try_get_context("pipeline") or "").lower() == "true":
         from eks_dra.stacks.pipeline_stack import PipelineStack
 
-        pipeline = load_pipeline(CONFIG_DIR)
+        pipeline = load_pipeline(config_dir)
         _print_warnings(*pipeline.environments)
-        PipelineStack(app, "EksDraPipeline", pipeline)
-        return
-    env = load_environment(str(app.node.try_get_context("env") or "dev"), CONFIG_DIR)
-    _print_warnings(env)
-    ClusterStack(app, f"EksDra-{env.name}", env)
-    _write_manifests(env)
+        stacks.append(PipelineStack(app, "EksDraPipeline", pipeline))
+    else:
+        env = load_environment(str(app.node.try_get_context("env") or "dev"), config_dir)
+        _print_warnings(env)
+        stacks.append(ClusterStack(app, f"EksDra-{env.name}", env))
+        if manifests_dir is not None:
+            _write_manifests(env, manifests_dir / env.name)
+    # cdk-nag 3 is a policy-validation plugin: findings without an acknowledgement fail the synth.
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    return stacks
 
 
-def _write_manifests(env) -> None:
+def _write_manifests(env: EnvironmentConfig, out_dir: Path) -> None:
     try:
         from eks_dra.stacks.manifests import write_manifests
     except ModuleNotFoundError as exc:
         if exc.name != "eks_dra.stacks.manifests":
             raise
         return
-    write_manifests(env, Path("dist") / env.name)
+    write_manifests(env, out_dir)
 
 
-def _print_warnings(*envs) -> None:
+def _print_warnings(*envs: EnvironmentConfig) -> None:
     for env in envs:
         for warning in env.warnings:
             print(f"eks-dra: warning: {warning}", file=sys.stderr)
@@ -59,7 +66,6 @@ def main() -> None:
     except UserError as exc:
         print(f"eks-dra: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     app.synth()
 
 

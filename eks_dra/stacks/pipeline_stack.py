@@ -7,7 +7,7 @@ then synthesizes the pipeline itself.
 
 from __future__ import annotations
 
-from aws_cdk import Acknowledgment, Environment, Stack, Stage, Validations, pipelines
+from aws_cdk import Acknowledgment, DefaultStackSynthesizer, Environment, Stack, Stage, Validations, pipelines
 from aws_cdk import aws_codepipeline as codepipeline
 from constructs import Construct
 
@@ -22,7 +22,13 @@ class EnvironmentStage(Stage):
 
     def __init__(self, scope: Construct, construct_id: str, env_config: EnvironmentConfig) -> None:
         super().__init__(scope, construct_id, env=Environment(account=env_config.account, region=env_config.region))
-        self.cluster_stack = ClusterStack(self, f"EksDra-{env_config.name}", env_config)
+        # The CloudFormation execution role as a literal ARN: the default `arn:${AWS::Partition}:...` becomes an
+        # Fn::Join inside the pipeline's action configuration, which cfn-lint rejects (E3703).
+        exec_role = (f"arn:{_partition(env_config.region)}:iam::${{AWS::AccountId}}:role/"
+                     f"cdk-{DefaultStackSynthesizer.DEFAULT_QUALIFIER}-cfn-exec-role-${{AWS::AccountId}}-${{AWS::Region}}")
+        self.cluster_stack = ClusterStack(
+            self, f"EksDra-{env_config.name}", env_config,
+            synthesizer=DefaultStackSynthesizer(cloud_formation_execution_role=exec_role))
 
 
 class PipelineStack(Stack):
@@ -97,6 +103,14 @@ class PipelineStack(Stack):
                 "before bootstrap.",
         }
         Validations.of(self).acknowledge(*(Acknowledgment(id=k, reason=v) for k, v in findings.items()))
+
+def _partition(region: str | None) -> str:
+    if region and region.startswith("cn-"):
+        return "aws-cn"
+    if region and region.startswith("us-gov-"):
+        return "aws-us-gov"
+    return "aws"
+
 
 def _stage_id(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.split("-"))
