@@ -40,18 +40,26 @@ class Candidates:
 
 
 class Matcher:
-    """Evaluates selectors on devices, each (expression, device) at most once per plan."""
+    """Evaluates selectors on the devices of one plan (device uids unique), each pair at most once."""
 
     def __init__(self, env: CelEnvironment) -> None:
         self.env = env
         self._results: dict[tuple[str, int], bool | str] = {}
         self._candidates: dict[tuple[tuple, int], Candidates] = {}
+        self._contexts: dict[int, tuple[int, object]] = {}  # device uid -> (env generation, CEL context)
+
+    def _context(self, device: SimDevice):
+        cached = self._contexts.get(device.uid)
+        if cached is None or cached[0] != self.env.generation:
+            cached = (self.env.generation, self.env.context(device.driver, device.attributes, device.capacity))
+            self._contexts[device.uid] = cached
+        return cached[1]
 
     def _eval(self, selector, device: SimDevice) -> bool | str:
         key = (selector.expression, device.uid)
         result = self._results.get(key)
         if result is None:
-            ctx = self.env.context(device.uid, device.driver, device.attributes, device.capacity)
+            ctx = self._context(device)
             try:
                 result = self.env.evaluate(selector, ctx)
             except SelectorRuntimeError as exc:
@@ -198,8 +206,8 @@ class NodeSearch:
         cands = self.matcher.candidates(alt, self.node)
         devices = cands.devices
         for pos in range(start, len(devices)):
-            if len(devices) - pos < remaining:
-                return False
+            if len(devices) - pos < remaining and not cands.errors:
+                return False  # (upstream would still walk into a failing device and stop with its error)
             device = devices[pos]
             if not self._usable(alt, device, claim):
                 continue
@@ -264,22 +272,26 @@ class NodeSearch:
         return [d for d in devices if self._usable(alt, d, claim) and self._compatible(claim, alt, d)]
 
     def _lookahead(self, s: int, alt: DeviceRequest, pos: int, remaining: int) -> bool:
-        """Can the current request (`remaining` more after position `pos`) and every later plain request
+        """Can the current request (`remaining` more after position `pos`) and the later plain requests
         still be met? Also, for each constraint whose value is still open, is there one value that every
-        later plain request it covers can meet? Only cuts branches without a solution: `All` and
-        `firstAvailable` requests are left to the search itself."""
+        such request it covers can meet? Only cuts branches without a solution, and never one in which the
+        upstream search would stop with an error first: the look ahead ends at the first request that could
+        raise one (`All`, a CEL evaluation error) or that has subrequests."""
         pending: list[tuple[int, DeviceRequest, list[SimDevice], int]] = []
         claim = self.slots[s].claim
         if remaining:
-            devices = self.matcher.candidates(alt, self.node).devices[pos + 1:]
-            pending.append((claim, alt, devices, remaining))
+            cands = self.matcher.candidates(alt, self.node)
+            if cands.errors:
+                return True
+            pending.append((claim, alt, cands.devices[pos + 1:], remaining))
         for slot in self.slots[s + 1:]:
-            if slot.request.first_available:
-                continue
             later = slot.request.alternatives[0]
-            if later.all_devices:
-                continue
-            pending.append((slot.claim, later, self.matcher.candidates(later, self.node).devices, later.count))
+            if slot.request.first_available or later.all_devices:
+                break
+            cands = self.matcher.candidates(later, self.node)
+            if cands.errors:
+                break
+            pending.append((slot.claim, later, cands.devices, later.count))
         open_sets = []
         for c, request, devices, needed in pending:
             usable = self._open(c, request, devices)

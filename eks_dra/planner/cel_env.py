@@ -225,13 +225,13 @@ def _short_error(exc: Exception) -> str:
 
 
 class CelEnvironment:
-    """Compiles selectors once and evaluates them on devices, caching one CEL context per device."""
+    """Compiles selectors once (per expression text) and evaluates them on devices."""
 
     def __init__(self) -> None:
         self._programs: dict[str, tuple[cel.Program, frozenset[str], frozenset[str]]] = {}
         self.domains: set[str] = set()
         self.functions: set[str] = set()
-        self._contexts: dict[int, cel.Context] = {}
+        self.generation = 0  # bumped when device contexts built earlier lack a domain or function
 
     def compile(self, expression: object, where: str) -> Selector:
         """Compile a selector expression; bad input raises UserError naming file, object and field."""
@@ -263,17 +263,13 @@ class CelEnvironment:
             # A device context built before this selector lacks its domains or functions.
             self.domains |= domains
             self.functions |= functions
-            self._contexts.clear()
+            self.generation += 1
         return Selector(expression, where, program, domains, functions)
 
-    def context(self, key: int, driver: str, attributes: dict[str, AttributeValue],
-                capacity: dict[str, str]) -> cel.Context:
-        ctx = self._contexts.get(key)
-        if ctx is None:
-            variable = device_variable(driver, attributes, capacity, self.domains)
-            ctx = cel.Context({"device": variable}, {name: _FUNCTIONS[name] for name in self.functions})
-            self._contexts[key] = ctx
-        return ctx
+    def context(self, driver: str, attributes: dict[str, AttributeValue], capacity: dict[str, str]) -> cel.Context:
+        """The evaluation context of one device (callers cache it per device and `generation`)."""
+        variable = device_variable(driver, attributes, capacity, self.domains)
+        return cel.Context({"device": variable}, {name: _FUNCTIONS[name] for name in self.functions})
 
     @staticmethod
     def evaluate(selector: Selector, ctx: cel.Context) -> bool:

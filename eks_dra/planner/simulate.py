@@ -87,20 +87,30 @@ def simulate_plan_node(instance_type: str, node_name: str, *, names: DriverNames
         raise UserError(str(exc)) from None
     except KeyError as exc:  # unknown MIG profile: the message names the known ones
         raise UserError(str(exc.args[0])) from None
-    devices: list[SimDevice] = []
-    for family, family_devices in per_family.items():
-        if families is not None and family not in families:
-            continue
-        driver = names.for_family(family)
-        for d in family_devices:
-            devices.append(SimDevice(0, driver, node_name, d.name, d.attributes, d.capacity,
-                                     _qualified(driver, d.attributes)))
-    devices.sort(key=lambda d: (d.driver, d.pool, d.name))
+    devices = [sim_device(names.for_family(family), node_name, d.name, d.attributes, d.capacity)
+               for family, family_devices in per_family.items()
+               if families is None or family in families
+               for d in family_devices]
+    node_labels = {"eks-dra.io/instance-type": instance_type, **(labels or {})}
+    return sim_node(node_name, instance_type, devices, group=group, mig_profile=mig_profile, labels=node_labels,
+                    taints=taints)
+
+
+def sim_device(driver: str, pool: str, name: str, attributes: dict[str, AttributeValue],
+               capacity: dict[str, str] | None = None) -> SimDevice:
+    return SimDevice(0, driver, pool, name, attributes, capacity or {}, _qualified(driver, attributes))
+
+
+def sim_node(name: str, instance_type: str, devices: list[SimDevice], *, group: str | None = None,
+             mig_profile: str | None = None, labels: dict[str, str] | None = None,
+             taints: tuple[tuple[str, str, str], ...] = ()) -> SimNode:
+    """A node with its devices in the allocator's walk order (any device list: tests build their own)."""
+    devices = sorted(devices, key=lambda d: (d.driver, d.pool, d.name))
     for i, d in enumerate(devices):
         d.index = i
-    node_labels = {"kubernetes.io/hostname": node_name, "node.kubernetes.io/instance-type": instance_type,
-                   "eks-dra.io/instance-type": instance_type, **(labels or {})}
-    return SimNode(node_name, instance_type, group, mig_profile, devices, node_labels, taints)
+    node_labels = {"kubernetes.io/hostname": name, "node.kubernetes.io/instance-type": instance_type,
+                   **(labels or {})}
+    return SimNode(name, instance_type, group, mig_profile, devices, node_labels, taints)
 
 
 def number_nodes(nodes: list[SimNode]) -> list[SimNode]:
