@@ -268,6 +268,8 @@ def wait_until(condition, timeout: float = 60, interval: float = 0.2, what: str 
             value = condition()
             if value:
                 return value
+        except AssertionError:
+            raise
         except Exception as exc:  # noqa: BLE001 - retried until the deadline, then reported
             last_exc = exc
         time.sleep(interval)

@@ -150,32 +150,44 @@ def test_scheduler_allocates_device_from_slice(core, resource):
     assert bound == node
 
 
-SLICE_POLICY = """
-matchConstraints:
-  resourceRules:
-  - apiGroups: ["resource.k8s.io"]
-    apiVersions: ["*"]
-    operations: ["CREATE", "UPDATE", "DELETE"]
-    resources: ["resourceslices"]
-matchConditions:
-- name: isDriverSA
-  expression: request.userInfo.username == "system:serviceaccount:{ns}:{sa}"
-variables:
-- name: userNodeName
-  expression: request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0].orValue('')
-- name: objectNodeName
-  expression: (request.operation == "DELETE" ? oldObject : object).spec.?nodeName.orValue("")
-validations:
-- expression: variables.userNodeName != ""
-  message: no node association found for user, this user must run in a pod on a node and ServiceAccountTokenPodNodeInfo must be enabled
-- expression: variables.userNodeName == variables.objectNodeName
-  messageExpression: '"this user running on node ''"+variables.userNodeName+"'' may not modify " + (variables.objectNodeName == "" ? "cluster resourceslices" : "resourceslices on node ''"+variables.objectNodeName+"''")'
-"""
+def slice_policy(ns: str, sa: str) -> dict:
+    """The node-restriction policy for driver-written ResourceSlices (dra-example-driver's chart, v0.2.1).
+
+    `reason: Forbidden` turns the denial into a 403; without it the apiserver answers 422 Invalid.
+    """
+    user_node = "request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0].orValue('')"
+    other = (
+        '"this user running on node \'"+variables.userNodeName+"\' may not modify " + '
+        '(variables.objectNodeName == "" ? "cluster resourceslices" : '
+        '"resourceslices on node \'"+variables.objectNodeName+"\'")'
+    )
+    return {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "resourceRules": [
+                {"apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
+                 "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["resourceslices"]}
+            ]
+        },
+        "matchConditions": [
+            {"name": "isDriverSA", "expression": f'request.userInfo.username == "system:serviceaccount:{ns}:{sa}"'}
+        ],
+        "variables": [
+            {"name": "userNodeName", "expression": user_node},
+            {"name": "objectNodeName",
+             "expression": '(request.operation == "DELETE" ? oldObject : object).spec.?nodeName.orValue("")'},
+        ],
+        "validations": [
+            {"expression": 'variables.userNodeName != ""',
+             "message": "no node association found for user, this user must run in a pod on a node and "
+                        "ServiceAccountTokenPodNodeInfo must be enabled", "reason": "Forbidden"},
+            {"expression": "variables.userNodeName == variables.objectNodeName", "messageExpression": other,
+             "reason": "Forbidden"},
+        ],
+    }  # fmt: skip
 
 
 def test_slice_policy_limits_driver_token_to_its_node(control_plane, api, core, resource, tmp_path):
-    import yaml
-
     ns, sa = unique("e2e-drv"), "driver"
     node_a, node_b = unique("node-a"), unique("node-b")
     rbac = client.RbacAuthorizationV1Api(api)
@@ -193,7 +205,7 @@ def test_slice_policy_limits_driver_token_to_its_node(control_plane, api, core, 
     adm.create_validating_admission_policy(
         {
             "metadata": {"name": ns},
-            "spec": {"failurePolicy": "Fail", **yaml.safe_load(SLICE_POLICY.format(ns=ns, sa=sa))},
+            "spec": slice_policy(ns, sa),
         }
     )
     adm.create_validating_admission_policy_binding(
@@ -256,11 +268,14 @@ def test_kubelet_stand_in_prepares_and_unprepares(control_plane, kubelet_factory
         ns = make_namespace(core, unique("e2e-kubelet"))
         dc = unique("example-gpu")
         device_class(resource, dc, EXAMPLE_DRIVER)
-        wait_until(
-            lambda: [s for s in as_dict(resource.list_resource_slice)["items"]
-                     if s["spec"].get("nodeName") == node and s["spec"]["driver"] == EXAMPLE_DRIVER],
-            60, what="slice published by the example plugin",
-        )  # fmt: skip
+
+        def published():
+            if plugin.poll() is not None:
+                raise AssertionError(f"example plugin exited:\n{(kubelet.root / 'example-plugin.log').read_text()}")
+            return [s for s in as_dict(resource.list_resource_slice)["items"]
+                    if s["spec"].get("nodeName") == node and s["spec"]["driver"] == EXAMPLE_DRIVER]  # fmt: skip
+
+        wait_until(published, 60, what="slice published by the example plugin")
         template, pod = claim_template_and_pod(ns, "workload", dc, node=node)
         resource.create_namespaced_resource_claim_template(ns, template)
         core.create_namespaced_pod(ns, pod)

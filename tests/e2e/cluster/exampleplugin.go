@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
@@ -32,6 +33,7 @@ func runExamplePlugin(args []string) error {
 	registryDir := fs.String("registry-dir", "", "kubelet plugin registration directory (required)")
 	pluginsDir := fs.String("plugins-dir", "", "kubelet plugins directory; the DRA socket goes to PLUGINS/DRIVER/dra.sock (required)")
 	devices := fs.Int("devices", 2, "number of devices to publish")
+	noV1 := fs.Bool("no-v1", false, "serve only the v1beta1 DRA service (tests the kubelet's version negotiation)")
 	verbosity := fs.Int("v", 2, "klog verbosity")
 	_ = fs.Parse(args)
 	if *kubeconfig == "" || *node == "" || *registryDir == "" || *pluginsDir == "" {
@@ -44,12 +46,17 @@ func runExamplePlugin(args []string) error {
 	if err != nil {
 		return err
 	}
+	dataDir := filepath.Join(*pluginsDir, *driver)
+	if err := os.MkdirAll(dataDir, 0o750); err != nil {
+		return err
+	}
 	helper, err := kubeletplugin.Start(ctx, &examplePlugin{driver: *driver},
 		kubeletplugin.KubeClient(client),
 		kubeletplugin.NodeName(*node),
 		kubeletplugin.DriverName(*driver),
 		kubeletplugin.RegistrarDirectoryPath(*registryDir),
-		kubeletplugin.PluginDataDirectoryPath(filepath.Join(*pluginsDir, *driver)),
+		kubeletplugin.PluginDataDirectoryPath(dataDir),
+		kubeletplugin.NodeV1(!*noV1),
 	)
 	if err != nil {
 		return err
