@@ -126,6 +126,15 @@ def test_nvml_xid_on_parent_marks_every_mig_child_and_gi_event_only_its_instance
     assert sorted(_unhealthy(monitor.poll())) == ["gpu-2-mig-3g-40gb-0", "gpu-2-mig-3g-40gb-1"]
 
 
+def test_nvml_event_naming_the_mig_device_itself(tmp_path):
+    root, nvml, clock, monitor = _nvml_monitor(tmp_path, profile="2g.20gb")
+    mig = nvml.gpu_list[4].migs[2]
+    nvml.events.append(NvmlEvent(mig.uuid, 0, "ecc", gpu_instance_id=mig.gpu_instance_id))
+    bad = _unhealthy(monitor.poll())
+    assert list(bad) == ["gpu-4-mig-2g-20gb-2"] and "double-bit ECC error on GPU instance 3" in bad[
+        "gpu-4-mig-2g-20gb-2"]
+
+
 @pytest.mark.parametrize(("health", "words"), [
     (NvmlHealth(uncorrected_ecc_volatile=2), "2 uncorrected ECC errors"),
     (NvmlHealth(row_remap_pending=True), "row remapping pending"),

@@ -119,6 +119,14 @@ def _read(path: Path) -> str:
         raise DiscoveryError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
 
 
+def read_optional(path: Path, default: str | None = None) -> str | None:
+    """A host file's stripped text, or `default` when it is missing, unreadable or not text."""
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return default
+
+
 def _read_hex(path: Path) -> int:
     text = _read(path)
     try:
@@ -201,13 +209,8 @@ def _linked_pci_address(path: Path) -> str | None:
 
 def instance_type_of(host_root: Path, instance_type: str | None = None) -> InstanceType | None:
     """The catalog entry of the node (DMI product name unless given); None for types the catalog lacks."""
-    name = instance_type
-    if name is None:
-        try:
-            name = (host_root / DMI_PRODUCT_NAME).read_text().strip()
-        except OSError:
-            return None
-    return INSTANCE_TYPES.get(name)
+    name = instance_type if instance_type is not None else read_optional(host_root / DMI_PRODUCT_NAME)
+    return INSTANCE_TYPES.get(name or "")
 
 
 def _readiness(family: str, found: int, expected: int, problems: list[str], extra: list[str]) -> tuple[bool, str]:
@@ -250,13 +253,11 @@ def parse_nvidia_version(text: str) -> str:
 
 def _mig_minors(host_root: Path) -> dict[str, int]:
     """/proc/driver/nvidia-caps/mig-minors: "gpu0/gi1/access 12" -> {"gpu0/gi1/access": 12}."""
-    path = host_root / NVIDIA_MIG_MINORS
     out = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            parts = line.split()
-            if len(parts) == 2 and parts[1].isdigit():
-                out[parts[0]] = int(parts[1])
+    for line in (read_optional(host_root / NVIDIA_MIG_MINORS) or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
     return out
 
 
@@ -301,11 +302,11 @@ def _fixture_migs(host_root: Path) -> dict[str, list[MigInstance]]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(_read(path))
         return {bdf: [MigInstance(m["profile"], m["placementStart"], m["uuid"], m["gpuInstanceId"],
                                   m["computeInstanceId"], m["memoryMiB"], m["multiprocessors"]) for m in migs]
                 for bdf, migs in data["gpus"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, DiscoveryError) as exc:
         raise DiscoveryError(f"{path}: malformed fixture MIG file ({exc!r})") from None
 
 
@@ -500,9 +501,8 @@ def _discover_neuron(host_root: Path, it: InstanceType | None, problems: list[st
         return Inventory([], False, f"{len(pci_neurons)} Neuron PCI functions but the neuron kernel driver is "
                          "not loaded (/sys/class/neuron_device missing)", problems=problems)
     by_address = {f.address: f for f in pci_neurons}
-    version_path = host_root / NEURON_VERSION_FILE
-    driver_version = version_path.read_text().strip() if version_path.is_file() else "unknown"
-    instance_name = it.name if it is not None else _read_optional(host_root / DMI_PRODUCT_NAME)
+    driver_version = read_optional(host_root / NEURON_VERSION_FILE) or "unknown"
+    instance_name = it.name if it is not None else read_optional(host_root / DMI_PRODUCT_NAME, "unknown")
     efa_bdfs = [e.pci.address for e in it.efa_interfaces] if it is not None else []
     efa_map = it.neuron_efa_map if it is not None else ()
     facts: list[neuron_model.NeuronFacts] = []
@@ -533,13 +533,6 @@ def _discover_neuron(host_root: Path, it: InstanceType | None, problems: list[st
                                 env={"AWS_NEURON_VISIBLE_DEVICES": str(f.index)}) for f in facts]
     ready, reason = _readiness("Neuron", len(devices), expected, problems, blockers)
     return Inventory(devices, ready, reason, [], problems)
-
-
-def _read_optional(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return "unknown"
 
 
 # --- entry point ---------------------------------------------------------------------------------

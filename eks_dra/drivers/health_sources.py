@@ -43,10 +43,9 @@ def efa_port_health(host_root: Path, ibdev: str) -> Health:
     if not ports:
         return False, f"{ibdev}: no port state in sysfs"
     for state_file in ports:
-        try:
-            state = state_file.read_text().strip()
-        except OSError as exc:
-            return False, f"{ibdev} port {state_file.parent.name}: unreadable state ({exc})"
+        state = discovery.read_optional(state_file)
+        if state is None:
+            return False, f"{ibdev} port {state_file.parent.name}: unreadable state file {state_file}"
         if not state.endswith("ACTIVE") or state.endswith("_ACTIVE"):
             return False, f"{ibdev} port {state_file.parent.name} is {state!r}, not ACTIVE"
     return OK
@@ -54,7 +53,10 @@ def efa_port_health(host_root: Path, ibdev: str) -> Health:
 
 def _counter(path: Path) -> int:
     target = path / "total" if path.is_dir() else path
-    return int(target.read_text().strip() or 0)
+    text = discovery.read_optional(target)
+    if text is None:
+        raise ValueError(f"cannot read {target}")
+    return int(text or 0)
 
 
 def neuron_health(host_root: Path, index: int) -> Health:
@@ -78,11 +80,8 @@ def neuron_health(host_root: Path, index: int) -> Health:
 
 
 def fixture_gpu_xid(host_root: Path, minor: int) -> int | None:
-    path = host_root / discovery.FIXTURE_XID_DIR / f"gpu{minor}"
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
+    text = discovery.read_optional(host_root / discovery.FIXTURE_XID_DIR / f"gpu{minor}")
+    return int(text) if text and text.isdigit() else None
 
 
 def nvml_level_health(h: NvmlHealth) -> Health:
@@ -102,16 +101,18 @@ class _GpuEntry:
     name: str
     minor: int
     uuid: str  # the physical GPU's
+    own_uuid: str  # the device's own: equal to uuid for a GPU, the MIG device's for a MIG device
     parent: str | None
 
 
 def _gpu_entries(inventory: discovery.Inventory) -> list[_GpuEntry]:
-    """Health keys of GPU devices: MIG devices are keyed by their parent's UUID and their GI id."""
+    """Health keys of GPU devices: a MIG device is keyed by its parent GPU's UUID and its own."""
     out = []
     for d in inventory.devices:
         attrs = d.device.attributes
-        uuid = str(attrs.get(gpu_model.PARENT_UUID, attrs.get(gpu_model.UUID, "")))
-        out.append(_GpuEntry(d.device.name, int(attrs.get(gpu_model.INDEX, -1)), uuid, d.parent))
+        own = str(attrs.get(gpu_model.UUID, ""))
+        out.append(_GpuEntry(d.device.name, int(attrs.get(gpu_model.INDEX, -1)),
+                             str(attrs.get(gpu_model.PARENT_UUID, own)), own, d.parent))
     return out
 
 
@@ -176,6 +177,7 @@ class HealthMonitor:
         self._clock = clock
         self._inventory: discovery.Inventory | None = None
         self._gi_ids: dict[str, int] = {}  # MIG device name -> GPU instance id
+        self._gi_ids_for: list[str] | None = None  # the MIG device names _gi_ids was computed for
         # (GPU uuid, GPU instance id or None) -> (xid, time of the last event)
         self._events: dict[tuple[str, int | None], tuple[int, float]] = {}
 
@@ -188,8 +190,10 @@ class HealthMonitor:
         if inventory is None:
             inventory = discovery.discover(self.family, self.host_root, "", nvml=self._nvml)
         self._inventory = inventory
-        self._gi_ids = {}
-        if self.family == "gpu" and self._nvml is not None:
+        migs = sorted(d.device.name for d in inventory.devices if d.parent)
+        if self.family == "gpu" and self._nvml is not None and migs != self._gi_ids_for:
+            # GPU-instance ids are not device attributes: ask NVML again only when the MIG layout changed.
+            self._gi_ids, self._gi_ids_for = {}, migs
             for g in self._nvml.gpus():
                 for m, number in discovery.number_migs(discovery.nvml_migs(g)):
                     self._gi_ids[gpu_model.mig_device_name(g.minor, m.profile, number)] = m.gpu_instance_id
@@ -209,14 +213,13 @@ class HealthMonitor:
         out: dict[str, Health] = {}
         cache: dict[str, Health] = {}
         for e in _gpu_entries(self._inventory):
-            event = self._recent_event(e.uuid, None, now)
             gi = self._gi_ids.get(e.name)
-            if event is None and gi is not None:
-                event = self._recent_event(e.uuid, gi, now)
-            if event is not None:
-                out[e.name] = (False, event)
-            else:
-                out[e.name] = _gpu_level(self.host_root, self._nvml, e, cache)
+            # An event names the GPU (whole GPU, or one of its GPU instances) or the MIG device itself.
+            keys = [(e.uuid, None), (e.uuid, gi)] if gi is not None else [(e.uuid, None)]
+            if e.own_uuid != e.uuid:
+                keys += [(e.own_uuid, None), (e.own_uuid, gi)]
+            event = next((r for r in (self._recent_event(u, g, now) for u, g in keys) if r), None)
+            out[e.name] = (False, event) if event else _gpu_level(self.host_root, self._nvml, e, cache)
         return out
 
     def _recent_event(self, uuid: str, gi: int | None, now: float) -> str | None:
