@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .cel_env import CelEnvironment, SelectorRuntimeError
+from .cel_env import CelEnvironment, Selector, SelectorRuntimeError
 from .model import DeviceRequest, MatchAttribute, PlanClaim, Request
 from .simulate import SimDevice, SimNode
 
@@ -25,6 +25,25 @@ MAX_RESULTS_PER_CLAIM = 32  # AllocationResultsMaxSize
 
 class AllocationError(Exception):
     """An error, not a mismatch: kube-scheduler stops trying to schedule the pod (on any node)."""
+
+
+_MISSING = ("missing", None)
+
+
+def _read(device: SimDevice, ref: tuple[str, str, str | None]) -> object:
+    """The part of a device that one static reference of a selector reads."""
+    kind, domain, ident = ref
+    if kind == "attributes":
+        if ident is None:
+            return tuple(sorted(k.rpartition("/")[2] for k in device.qualified if k.rpartition("/")[0] == domain))
+        return device.qualified.get(f"{domain}/{ident}", _MISSING)
+    if ident is None:
+        return tuple(sorted(k.rpartition("/")[2] for k in _qualified_capacity(device) if k.startswith(domain + "/")))
+    return _qualified_capacity(device).get(f"{domain}/{ident}", _MISSING)
+
+
+def _qualified_capacity(device: SimDevice) -> dict[str, str]:
+    return {(k if "/" in k else f"{device.driver}/{k}"): v for k, v in device.capacity.items()}
 
 
 @dataclass
@@ -47,6 +66,7 @@ class Matcher:
         self._results: dict[tuple[str, int], bool | str] = {}
         self._candidates: dict[tuple[tuple, int], Candidates] = {}
         self._contexts: dict[int, tuple[int, object]] = {}  # device uid -> (env generation, CEL context)
+        self._shared: dict[tuple, bool | SelectorRuntimeError] = {}
 
     def _context(self, device: SimDevice):
         cached = self._contexts.get(device.uid)
@@ -55,15 +75,25 @@ class Matcher:
             self._contexts[device.uid] = cached
         return cached[1]
 
-    def _eval(self, selector, device: SimDevice) -> bool | str:
+    def _eval(self, selector: Selector, device: SimDevice) -> bool | str:
         key = (selector.expression, device.uid)
         result = self._results.get(key)
         if result is None:
-            ctx = self._context(device)
-            try:
-                result = self.env.evaluate(selector, ctx)
-            except SelectorRuntimeError as exc:
-                result = f"{selector.where}: CEL runtime error on device {device.name} of node {device.pool}: {exc}"
+            # Devices that agree on everything the expression reads share one evaluation (the same GPU
+            # of every node of a node group differs only in its uuid).
+            shared_key = None if selector.references is None else \
+                (selector.expression, device.driver, tuple(_read(device, ref) for ref in sorted(
+                    selector.references, key=lambda r: (r[0], r[1], r[2] or ""))))
+            raw = self._shared.get(shared_key) if shared_key is not None else None
+            if raw is None:
+                try:
+                    raw = self.env.evaluate(selector, self._context(device))
+                except SelectorRuntimeError as exc:
+                    raw = exc
+                if shared_key is not None:
+                    self._shared[shared_key] = raw
+            result = raw if isinstance(raw, bool) else \
+                f"{selector.where}: CEL runtime error on device {device.name} of node {device.pool}: {raw}"
             self._results[key] = result
         return result
 

@@ -205,6 +205,48 @@ def rewrite_bind(expression: str) -> str:
     return "".join(out)
 
 
+# --- what an expression reads of the device -------------------------------------------------------------
+
+_LITERAL = r"(?:\"([^\"\\]*)\"|'([^'\\]*)')"
+_DEVICE_USE = re.compile(r"(?<![\w.])device\b")
+_DRIVER_USE = re.compile(r"\.\s*driver\b")
+_MAP_USE = re.compile(r"\.\s*(attributes|capacity)\s*\[\s*" + _LITERAL + r"\s*\]")
+_FIELD_USE = re.compile(r"\s*(?:\.\s*([A-Za-z_]\w*)\b(?!\s*\()|\[\s*" + _LITERAL + r"\s*\])")
+_IN_BEFORE = re.compile(r"\bin\s*$")
+Reference = tuple[str, str, str | None]  # (attributes|capacity, domain, identifier or None for the key set)
+
+
+def device_references(expression: str) -> frozenset[Reference] | None:
+    """Everything the expression reads of `device`, when that is statically clear; else None.
+
+    Clear means: `device.driver`, `device.attributes["dom"].id` / `["dom"]["id"]` (and the same for capacity),
+    or `x in device.attributes["dom"]` (then the domain's key set counts). Anything else (iteration, size(),
+    cel.bind, computed keys) may read any part of the device.
+    """
+    if "\\" in expression:
+        return None
+    # Blank out string literals so that "device" inside a string is not taken for a use.
+    masked = re.sub(_LITERAL, lambda m: '"' + "_" * (len(m.group(0)) - 2) + '"', expression)
+    refs: set[Reference] = set()
+    for use in _DEVICE_USE.finditer(masked):
+        end = use.end()
+        if _DRIVER_USE.match(masked, end):
+            continue
+        m = _MAP_USE.match(expression, end)
+        if not m:
+            return None
+        kind, domain = m.group(1), m.group(2) if m.group(2) is not None else m.group(3)
+        f = _FIELD_USE.match(expression, m.end())
+        if f:
+            ident = f.group(1) or (f.group(2) if f.group(2) is not None else f.group(3))
+            refs.add((kind, domain, ident))
+        elif _IN_BEFORE.search(masked[:use.start()]):
+            refs.add((kind, domain, None))
+        else:
+            return None
+    return frozenset(refs)
+
+
 # --- compiled selectors and the environment -------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -216,6 +258,7 @@ class Selector:
     program: cel.Program
     domains: frozenset[str]
     functions: frozenset[str]
+    references: frozenset[Reference] | None  # what it reads of the device (None: possibly anything)
 
 
 def _short_error(exc: Exception) -> str:
@@ -228,7 +271,7 @@ class CelEnvironment:
     """Compiles selectors once (per expression text) and evaluates them on devices."""
 
     def __init__(self) -> None:
-        self._programs: dict[str, tuple[cel.Program, frozenset[str], frozenset[str]]] = {}
+        self._programs: dict[str, tuple] = {}
         self.domains: set[str] = set()
         self.functions: set[str] = set()
         self.generation = 0  # bumped when device contexts built earlier lack a domain or function
@@ -256,15 +299,15 @@ class CelEnvironment:
             if unknown:
                 raise UserError(f"{where}: unknown function {', '.join(unknown)} in a device selector")
             domains = frozenset(a or b for a, b in _DOMAIN_INDEX.findall(expression))
-            cached = (program, domains, frozenset(named & set(_FUNCTIONS)))
+            cached = (program, domains, frozenset(named & set(_FUNCTIONS)), device_references(expression))
             self._programs[expression] = cached
-        program, domains, functions = cached
+        program, domains, functions, references = cached
         if not domains <= self.domains or not functions <= self.functions:
             # A device context built before this selector lacks its domains or functions.
             self.domains |= domains
             self.functions |= functions
             self.generation += 1
-        return Selector(expression, where, program, domains, functions)
+        return Selector(expression, where, program, domains, functions, references)
 
     def context(self, driver: str, attributes: dict[str, AttributeValue], capacity: dict[str, str]) -> cel.Context:
         """The evaluation context of one device (callers cache it per device and `generation`)."""

@@ -41,6 +41,7 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUALIFIED = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z_][A-Za-z0-9_]*$")
 _WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job", "CronJob")
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: 10x faster
 
 
 @dataclass
@@ -86,7 +87,7 @@ def read_documents(paths: list[Path]) -> list[_Doc]:
         except OSError as exc:
             raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
         try:
-            loaded = list(yaml.safe_load_all(text))
+            loaded = list(yaml.load_all(text, Loader=_YAML_LOADER))
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f"{path}:{mark.line + 1}" if mark else str(path)

@@ -135,7 +135,7 @@ class Planner:
         if len(pinned) > 1:
             self._fail(pod, pending, f"its shared claims are allocated on different nodes ({', '.join(pinned)})")
             return
-        placeable = [n for n in self.nodes if placement_problem(pod, n) is None]
+        placeable = self.nodes if pod.implicit else [n for n in self.nodes if placement_problem(pod, n) is None]
         candidates = [n for n in placeable if not pinned or n.name == pinned[0]]
         if not candidates:
             self._fail(pod, pending, self._placement_reason(pod, pinned))

@@ -50,11 +50,11 @@ class SimNode:
     labels: dict[str, str] = field(default_factory=dict)
     taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, effect)
     index: int = 0
+    # Nodes with equal layouts publish the same devices (up to names and ids).
+    layout: tuple = field(init=False)
 
-    @property
-    def layout(self) -> tuple:
-        """Nodes with equal layouts publish the same devices (up to names and ids)."""
-        return (self.instance_type, self.mig_profile, tuple(sorted({d.driver for d in self.devices})))
+    def __post_init__(self) -> None:
+        self.layout = (self.instance_type, self.mig_profile, tuple(sorted({d.driver for d in self.devices})))
 
     @property
     def kind(self) -> str:

@@ -1,0 +1,100 @@
+"""Benchmark `eks-dra plan`: 2,000 mixed claims on 256 p5.48xlarge + 64 trn2.48xlarge simulated nodes.
+
+Prints claims per second, the phases' times and peak memory (target: under 5 s in total on 2 cores).
+Run: .venv/bin/python bench/plan.py
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from eks_dra.planner.cel_env import CelEnvironment
+from eks_dra.planner.claims import load_manifests
+from eks_dra.planner.plan import Planner
+from eks_dra.planner.simulate import nodes_for_instance_type, number_nodes
+
+CLAIMS = 2000
+P5_NODES, TRN2_NODES = 256, 64
+PCIE = "resource.kubernetes.io/pcieRoot"
+
+CLASSES = [
+    ("gpu.eks-dra.io", "device.driver == 'gpu.eks-dra.io' && device.attributes['gpu.eks-dra.io'].type == 'gpu'"),
+    ("efa.eks-dra.io", "device.driver == 'efa.eks-dra.io'"),
+    ("neuron.eks-dra.io", "device.driver == 'neuron.eks-dra.io'"),
+]
+
+
+def _exact(name: str, cls: str, count: int = 1, selectors: tuple[str, ...] = ()) -> dict:
+    body: dict = {"deviceClassName": cls, "count": count}
+    if selectors:
+        body["selectors"] = [{"cel": {"expression": s}} for s in selectors]
+    return {"name": name, "exactly": body}
+
+
+# The mix: (share, devices spec) cycled over the claims.
+MIX: list[dict] = [
+    {"requests": [_exact("gpu", "gpu.eks-dra.io")]},
+    {"requests": [_exact("gpu", "gpu.eks-dra.io"), _exact("efa", "efa.eks-dra.io", 4)],
+     "constraints": [{"requests": ["gpu", "efa"], "matchAttribute": PCIE}]},
+    {"requests": [_exact("gpus", "gpu.eks-dra.io", 2, (
+        "device.capacity['gpu.eks-dra.io'].memory.isGreaterThan(quantity('40Gi'))",
+        "device.attributes['gpu.eks-dra.io'].cudaComputeCapability.isGreaterThan(semver('8.0.0'))"))]},
+    {"requests": [{"name": "gpu", "firstAvailable": [
+        {"name": "eight", "deviceClassName": "gpu.eks-dra.io", "count": 8},
+        {"name": "four", "deviceClassName": "gpu.eks-dra.io", "count": 4},
+        {"name": "one", "deviceClassName": "gpu.eks-dra.io"}]}]},
+    {"requests": [_exact("neuron", "neuron.eks-dra.io", 4), _exact("efa", "efa.eks-dra.io", 4)],
+     "constraints": [{"requests": ["neuron", "efa"], "matchAttribute": "resource.aws.com/devicegroup4_id"}]},
+    {"requests": [_exact("neuron", "neuron.eks-dra.io", 8)],
+     "constraints": [{"matchAttribute": "resource.aws.com/devicegroup8_id"}]},
+    {"requests": [_exact("gpu", "gpu.eks-dra.io")]},
+    {"requests": [_exact("efa", "efa.eks-dra.io")]},
+    {"requests": [_exact("gpus", "gpu.eks-dra.io", 16)]},  # never fits: exercises the failure path
+    {"requests": [_exact("neuron", "neuron.eks-dra.io", 1, ("device.attributes['neuron.eks-dra.io'].coreCount == 8",))]},
+]
+
+
+def manifests() -> list[dict]:
+    docs: list[dict] = [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": n},
+                         "spec": {"selectors": [{"cel": {"expression": e}}]}} for n, e in CLASSES]
+    for i in range(CLAIMS):
+        docs.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                     "metadata": {"name": f"claim-{i}", "namespace": "bench"},
+                     "spec": {"devices": MIX[i % len(MIX)]}})
+    return docs
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "claims.yaml"
+        path.write_text(yaml.safe_dump_all(manifests()))
+        start = time.perf_counter()
+        env = CelEnvironment()
+        loaded = load_manifests([path], env)
+        t_load = time.perf_counter()
+        nodes = number_nodes(nodes_for_instance_type("p5.48xlarge", P5_NODES)
+                             + nodes_for_instance_type("trn2.48xlarge", TRN2_NODES))
+        t_nodes = time.perf_counter()
+        result = Planner(env, nodes).run(loaded.claims, loaded.pods)
+        end = time.perf_counter()
+    allocated = sum(c.allocated for c in result.claims)
+    total = end - start
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"claims: {len(result.claims)} ({allocated} allocated, {len(result.claims) - allocated} not) on "
+          f"{len(nodes)} nodes ({P5_NODES} p5.48xlarge + {TRN2_NODES} trn2.48xlarge, "
+          f"{sum(len(n.devices) for n in nodes)} devices)")
+    print(f"load manifests: {t_load - start:.2f} s, simulate nodes: {t_nodes - t_load:.2f} s, "
+          f"allocate: {end - t_nodes:.2f} s")
+    print(f"total: {total:.2f} s, {len(result.claims) / total:.0f} claims/s (target: under 5 s)")
+    print(f"peak memory (max RSS): {peak_mib:.0f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
