@@ -246,3 +246,19 @@ def test_pipeline_deploys_in_order_with_approval_before_protected():
     assert not [a for a in staging_actions if a["ActionTypeId"]["Category"] == "Approval"]
     build = json.dumps(resources(template, "AWS::CodeBuild::Project"))
     assert "make synth ENV=$env" in build and "cdk synth -c pipeline=true" in build
+
+
+def test_manifests_are_applied_in_chart_order():
+    from eks_dra.stacks.cluster_stack import _construct_id
+    from eks_dra.stacks.manifests import build_k8s_app
+
+    env = load_environment("dev", CONFIG)
+    chart_ids = [_construct_id(c.node.id) for c in build_k8s_app(env).charts]
+    manifests = resources(cluster_template("dev"), "Custom::AWSCDK-EKS-KubernetesResource")
+    ordered = [next(k for k in manifests if k.startswith(f"AcceleratorCluster{cid}")) for cid in chart_ids]
+    assert len(ordered) == len(manifests) == len(chart_ids)
+    for before, after in zip(ordered, ordered[1:], strict=False):
+        assert before in manifests[after]["DependsOn"]
+    assert any("DeviceClass" in m["Properties"]["Manifest"] for m in manifests.values())
+    dist = synth_environment("dev").outdir / "dist" / "dev"
+    assert sorted(p.name for p in dist.glob("*.k8s.yaml"))

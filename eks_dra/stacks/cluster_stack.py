@@ -151,20 +151,22 @@ class ClusterStack(Stack):
         return asset.image_uri
 
     def _add_manifests(self) -> list:
-        """Apply the environment's cdk8s charts (drivers, DeviceClasses, samples) in dependency order."""
+        """Apply the vendor Helm charts (drivers: <family>: upstream), then the environment's cdk8s charts
+        (drivers, DeviceClasses, device plugins, samples), each after the previous one."""
         if importlib.util.find_spec("eks_dra.stacks.manifests") is None:
             return []
-        from eks_dra.stacks.manifests import build_k8s_app
+        from eks_dra.stacks.manifests import build_k8s_app, upstream_helm_charts
 
-        k8s_app = build_k8s_app(self.env_config, self.driver_image)
-        applied = []
-        for chart in k8s_app.charts:
-            manifest = self.cluster.add_cdk8s_chart(_construct_id(chart.node.id), chart)
-            if applied:
-                manifest.node.add_dependency(applied[-1])
-            applied.append(manifest)
+        applied: list = []
+        for spec in upstream_helm_charts(self.env_config):
+            applied.append(self.cluster.add_helm_chart(
+                _construct_id(spec.id), chart=spec.chart, repository=spec.repository, version=spec.version,
+                namespace=spec.namespace, values=spec.values, create_namespace=spec.create_namespace))
+        for chart in build_k8s_app(self.env_config, self.driver_image).charts:
+            applied.append(self.cluster.add_cdk8s_chart(_construct_id(chart.node.id), chart))
+        for before, after in zip(applied, applied[1:], strict=False):
+            after.node.add_dependency(before)
         return applied
-
 
 def _construct_id(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.replace("_", "-").replace(".", "-").split("-"))
