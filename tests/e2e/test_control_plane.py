@@ -250,76 +250,128 @@ def test_restart_keeps_objects(control_plane, core, resource):
     assert as_dict(resource.read_resource_slice, name)["spec"]["devices"][0]["name"] == "gpu-0"
 
 
-def test_kubelet_stand_in_prepares_and_unprepares(control_plane, kubelet_factory, core, resource):
+@pytest.fixture
+def example_node(control_plane, kubelet_factory, core, resource):
+    """A node with a kubelet stand-in and the upstream-library example plugin; yields a small helper."""
     node = unique("node-ex")
     # A slice left over from an earlier life of the node: the kubelet deletes it on start.
     resource.create_resource_slice(slice_body(unique("stale"), node, EXAMPLE_DRIVER, ["old"]))
     kubelet = kubelet_factory(node)
     assert not [s for s in as_dict(resource.list_resource_slice)["items"] if s["spec"].get("nodeName") == node]
+    helper = ExampleNode(control_plane, kubelet, core, resource)
+    yield helper
+    helper.stop_plugin()
 
-    plugin_log = open(kubelet.root / "example-plugin.log", "wb")
-    plugin = subprocess.Popen(
-        [str(control_plane.binary), "example-plugin", "--kubeconfig", str(control_plane.kubeconfig),
-         "--node", node, "--driver", EXAMPLE_DRIVER,
-         "--registry-dir", str(kubelet.registry_dir), "--plugins-dir", str(kubelet.plugins_dir)],
-        stdout=plugin_log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        ns = make_namespace(core, unique("e2e-kubelet"))
-        dc = unique("example-gpu")
-        device_class(resource, dc, EXAMPLE_DRIVER)
+
+class ExampleNode:
+    def __init__(self, control_plane, kubelet, core, resource):
+        self.cp, self.kubelet, self.core, self.resource = control_plane, kubelet, core, resource
+        self.node = kubelet.node
+        self.plugin: subprocess.Popen | None = None
+        self.ns = make_namespace(core, unique("e2e-kubelet"))
+        self.device_class = unique("example-gpu")
+        device_class(resource, self.device_class, EXAMPLE_DRIVER)
+
+    def start_plugin(self, *extra: str) -> None:
+        log = self.kubelet.root / "example-plugin.log"
+        with open(log, "ab") as out:
+            self.plugin = subprocess.Popen(
+                [str(self.cp.binary), "example-plugin", "--kubeconfig", str(self.cp.kubeconfig),
+                 "--node", self.node, "--driver", EXAMPLE_DRIVER,
+                 "--registry-dir", str(self.kubelet.registry_dir), "--plugins-dir", str(self.kubelet.plugins_dir),
+                 *extra],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
 
         def published():
-            if plugin.poll() is not None:
-                raise AssertionError(f"example plugin exited:\n{(kubelet.root / 'example-plugin.log').read_text()}")
-            return [s for s in as_dict(resource.list_resource_slice)["items"]
-                    if s["spec"].get("nodeName") == node and s["spec"]["driver"] == EXAMPLE_DRIVER]  # fmt: skip
+            if self.plugin.poll() is not None:
+                raise AssertionError(f"example plugin exited:\n{log.read_text()}")
+            return [s for s in as_dict(self.resource.list_resource_slice)["items"]
+                    if s["spec"].get("nodeName") == self.node and s["spec"]["driver"] == EXAMPLE_DRIVER]  # fmt: skip
 
         wait_until(published, 60, what="slice published by the example plugin")
-        template, pod = claim_template_and_pod(ns, "workload", dc, node=node)
-        resource.create_namespaced_resource_claim_template(ns, template)
-        core.create_namespaced_pod(ns, pod)
+
+    def stop_plugin(self) -> None:
+        if self.plugin and self.plugin.poll() is None:
+            self.plugin.terminate()
+            self.plugin.wait(10)
+
+    def run_pod(self, name: str) -> tuple[dict, dict]:
+        """Create a pod with a claim from a template on this node; return (running pod, its claim)."""
+        template, pod = claim_template_and_pod(self.ns, name, self.device_class, node=self.node)
+        self.resource.create_namespaced_resource_claim_template(self.ns, template)
+        self.core.create_namespaced_pod(self.ns, pod)
 
         def running():
-            p = as_dict(core.read_namespaced_pod, "workload", ns)
+            p = as_dict(self.core.read_namespaced_pod, name, self.ns)
             return p if p["status"].get("phase") == "Running" else None
 
         try:
-            p = wait_until(running, 90, what="pod Running")
+            p = wait_until(running, 90, what=f"pod {name} Running")
         except TimeoutError as exc:
-            raise AssertionError(f"{exc}\nkubelet log:\n{kubelet.log_tail()}") from exc
-        claim = generated_claim(core, resource, ns, "workload")
+            raise AssertionError(f"{exc}\nkubelet log:\n{self.kubelet.log_tail()}") from exc
+        return p, generated_claim(self.core, self.resource, self.ns, name)
+
+    def expected_annotation(self, claim: dict) -> dict:
         uid = claim["metadata"]["uid"]
         device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
-        prepared = json.loads(p["metadata"]["annotations"][PREPARED_ANNOTATION])
-        assert prepared == {
+        return {
             uid: {
                 "driver": EXAMPLE_DRIVER,
-                "devices": [{"requestNames": ["gpu"], "poolName": node, "deviceName": device,
+                "devices": [{"requestNames": ["gpu"], "poolName": self.node, "deviceName": device,
                              "cdiDeviceIds": [f"{EXAMPLE_DRIVER}/device={uid}-{device}"]}],
                 "error": "",
             }
         }  # fmt: skip
-        assert any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"]["conditions"])
-        # Attempts before the plugin registered fail and are retried; exactly one succeeds.
-        assert [e["claims"][0]["uid"] for e in kubelet.events("prepare") if not e["errors"]] == [uid]
 
-        core.delete_namespaced_pod("workload", ns)
-        unprepared = wait_until(lambda: kubelet.events("unprepare"), 60, what="unprepare report")
-        assert unprepared[0]["claims"] == [{"uid": uid, "namespace": ns, "name": claim["metadata"]["name"],
-                                            "driver": EXAMPLE_DRIVER}]  # fmt: skip
-        assert unprepared[0]["errors"] == {}
-        assert unprepared[0]["pod"] == f"{ns}/workload"
+    def unprepare_events(self, claim: dict) -> list[dict]:
+        uid = claim["metadata"]["uid"]
+        return [e for e in self.kubelet.events("unprepare") if [c["uid"] for c in e["claims"]] == [uid]]
 
-        def claim_gone():
-            try:
-                resource.read_namespaced_resource_claim(claim["metadata"]["name"], ns)
-            except ApiException as exc:
-                return exc.status == 404
-            return False
+    def claim_gone(self, claim: dict) -> bool:
+        try:
+            self.resource.read_namespaced_resource_claim(claim["metadata"]["name"], self.ns)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
 
-        wait_until(claim_gone, 60, what="generated claim deleted by the garbage collector")
-    finally:
-        plugin.terminate()
-        plugin.wait(10)
-        plugin_log.close()
+
+def test_kubelet_stand_in_prepares_and_unprepares(example_node):
+    ex = example_node
+    ex.start_plugin()
+    pod, claim = ex.run_pod("workload")
+    assert 'chosenService="v1.DRAPlugin"' in ex.kubelet.log_path.read_text()
+    uid = claim["metadata"]["uid"]
+    assert json.loads(pod["metadata"]["annotations"][PREPARED_ANNOTATION]) == ex.expected_annotation(claim)
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"]["conditions"])
+    # Attempts before the plugin registered fail and are retried; exactly one succeeds.
+    assert [e["claims"][0]["uid"] for e in ex.kubelet.events("prepare") if not e["errors"]] == [uid]
+
+    ex.core.delete_namespaced_pod("workload", ex.ns)
+    unprepared = wait_until(lambda: ex.unprepare_events(claim), 60, what="unprepare report")
+    assert unprepared[0]["claims"] == [
+        {"uid": uid, "namespace": ex.ns, "name": claim["metadata"]["name"], "driver": EXAMPLE_DRIVER}
+    ]
+    assert unprepared[0]["errors"] == {}
+    assert unprepared[0]["pod"] == f"{ex.ns}/workload"
+    wait_until(lambda: ex.claim_gone(claim), 60, what="generated claim deleted by the garbage collector")
+
+
+def test_kubelet_stand_in_falls_back_to_v1beta1(example_node):
+    ex = example_node
+    ex.start_plugin("--no-v1")
+    pod, claim = ex.run_pod("legacy")
+    assert json.loads(pod["metadata"]["annotations"][PREPARED_ANNOTATION]) == ex.expected_annotation(claim)
+    assert 'chosenService="v1beta1.DRAPlugin"' in ex.kubelet.log_path.read_text()
+
+
+def test_kubelet_restart_unprepares_pods_deleted_while_down(example_node):
+    ex = example_node
+    ex.start_plugin()
+    _, claim = ex.run_pod("survivor")
+    ex.kubelet.stop()
+    ex.core.delete_namespaced_pod("survivor", ex.ns)  # graceful: waits for the kubelet
+    ex.kubelet.start()  # the checkpoint remembers the prepared claim
+    unprepared = wait_until(lambda: ex.unprepare_events(claim), 60, what="unprepare after kubelet restart")
+    assert unprepared[0]["errors"] == {}
+    wait_until(lambda: ex.claim_gone(claim), 60, what="generated claim deleted after the pod finished")

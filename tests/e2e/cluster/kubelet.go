@@ -97,7 +97,7 @@ func runKubelet(args []string) error {
 	report := fs.String("report", "", "append JSON lines about prepare/unprepare calls to this file")
 	stateDir := fs.String("state-dir", "", "checkpoint directory (claim cache survives restarts, like the kubelet's dra_manager_state)")
 	readyFile := fs.String("ready-file", "", "file written once the node is registered, slices wiped and the plugin watcher runs")
-	verbosity := fs.Int("v", 2, "klog verbosity")
+	verbosity := fs.Int("v", 3, "klog verbosity (3 logs the kubelet's plugin registrations with the chosen gRPC service)")
 	_ = fs.Parse(args)
 	if *kubeconfig == "" || *node == "" || *registryDir == "" || *pluginsDir == "" {
 		return errors.New("--kubeconfig, --node, --registry-dir and --plugins-dir are required")
