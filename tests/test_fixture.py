@@ -81,6 +81,9 @@ def test_layout_is_sysfs_like(tmp_path):
     assert (ib / "ports/1/state").read_text() == "4: ACTIVE\n"
     assert (root / "sys/class/infiniband_verbs/uverbs0/ibdev").read_text() == ibdev + "\n"
     assert len((root / "proc/sys/kernel/random/boot_id").read_text().strip()) == 36
+    # The ENA, the NVMe controller and six NVSwitches share the devices' vendors; discovery skips them.
+    classes = sorted((p / "class").read_text() for p in (root / "sys/devices/pci0000:00").iterdir())
+    assert classes == ["0x010802\n", "0x020000\n"] + ["0x068000\n"] * 6
     # Bridges sit on the bus too, and discovery must skip them.
     bridges = [p for p in (root / "sys/bus/pci/devices").iterdir() if (p / "class").read_text() == "0x060400\n"]
     assert bridges

@@ -8,6 +8,8 @@ Layout (paths under DIR; BDF = PCI address such as 0000:45:00.0):
                                                  class, numa_node, driver link), under a bridge when its
                                                  bus is not the root bus; bridges are listed on the bus too
   sys/bus/pci/devices/BDF -> ../../../devices/...  relative links, as the kernel makes them
+  sys/devices/pci0000:00/0000:00:0X.0/           ENA, EBS NVMe and (8-GPU A100/H100/H200 boards) NVSwitch
+                                                 functions: same vendors as the devices, to be skipped
   sys/devices/virtual/dmi/id/product_name         the instance type (as on EC2 Nitro)
   proc/sys/kernel/random/boot_id                  the host's boot id (`set_boot_id` simulates a reboot)
   gpu:    proc/driver/nvidia/version, proc/driver/nvidia/gpus/BDF/information (the driver's formats),
@@ -48,6 +50,11 @@ from .discovery import FIXTURE_DIR, FIXTURE_MIG_FILE, FIXTURE_XID_DIR
 DEFAULT_NODE_NAME = "fixture-node"
 _BRIDGE = (0x1D0F, 0x0200, 0x060400)  # vendor, device, class of the PCIe bridges placed above devices
 _UVERBS_MAJOR, _UVERBS_BASE_MINOR = 231, 192
+# Functions every node has besides its accelerators, which discovery must skip: the ENA and the EBS NVMe
+# controller (Amazon vendor, like EFA and Neuron) on the host bridge, and the NVSwitches of HGX boards
+# (NVIDIA vendor, class 0x0680 "bridge", not a GPU). Addresses are the fixture's own.
+_PLATFORM = (("0000:00:04.0", 0x1D0F, 0x8061, 0x010802, "nvme"), ("0000:00:05.0", 0x1D0F, 0xEC20, 0x020000, "ena"))
+_NVSWITCHES = {"A100": (0x1AF1, 6), "H100": (0x22A3, 4), "H200": (0x22A3, 4)}  # per 8-GPU HGX board
 
 
 # --- small file helpers ------------------------------------------------------------------------
@@ -297,9 +304,21 @@ def write_fixture(instance_type: str, out: Path | str, node_name: str = DEFAULT_
     _write(root / "sys/devices/virtual/dmi/id/product_name", f"{facts.instance_type.name}\n")
     if not (root / "proc/sys/kernel/random/boot_id").exists():
         set_boot_id(root, str(uuid.uuid5(uuid.NAMESPACE_URL, f"eks-dra-fixture/{node_name}")))
+    _write_platform(root, facts)
     for family in _families(facts):
         _WRITERS[family](root, facts, not without_driver)
     return root
+
+
+def _write_platform(root: Path, facts: NodeFacts) -> None:
+    functions = list(_PLATFORM)
+    gpu = facts.instance_type.gpu
+    if gpu is not None and gpu.ec2_name in _NVSWITCHES and facts.instance_type.accelerator_count == 8:
+        device, count = _NVSWITCHES[gpu.ec2_name]
+        functions += [(f"0000:00:{0x10 + i:02x}.0", 0x10DE, device, 0x068000, "nvidia-nvswitch")
+                      for i in range(count)]
+    for address, vendor, device, class_code, driver in functions:
+        _pci_function(root, PciLocation(address, "pci0000:00", 0), vendor, device, class_code, driver)
 
 
 def add_devices(root: Path | str, family: Family | None = None) -> None:
