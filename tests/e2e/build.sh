@@ -27,5 +27,7 @@ trap 'rm -f "$tmp"' EXIT
 (cd "$src" && go build -buildvcs=false -trimpath -ldflags "-s -w" -o "$tmp" .)
 mv -f "$tmp" "$bin"
 trap - EXIT
+# Keep the three newest builds (other checkouts may pin other sources).
+ls -1t "$cache"/e2e-cluster-* 2>/dev/null | tail -n +4 | xargs -r rm -f
 echo "e2e-cluster: built in $(( $(date +%s) - start ))s ($(du -h "$bin" | cut -f1))"
 echo "$bin"

@@ -150,6 +150,41 @@ def test_scheduler_allocates_device_from_slice(core, resource):
     assert bound == node
 
 
+def test_dra_beta_features_are_on_as_in_1_34(core, resource):
+    """DRAPrioritizedList (firstAvailable) and DRAAdminAccess are beta and on by default in 1.34."""
+    ns = make_namespace(core, unique("e2e-gates"))
+    node = unique("node-gates")
+    make_ready_node(core, node)
+    dc = unique("gates-gpu")
+    device_class(resource, dc, STATIC_DRIVER)
+    resource.create_resource_slice(slice_body(unique("slice"), node, STATIC_DRIVER, ["gpu-0"]))
+    resource.create_namespaced_resource_claim(
+        ns,
+        {"metadata": {"name": "prioritized"},
+         "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+             {"name": "missing", "deviceClassName": dc, "selectors": [{"cel": {"expression": "device.attributes['" + STATIC_DRIVER + "'].model == 'nope'"}}]},
+             {"name": "any", "deviceClassName": dc},
+         ]}]}}},
+    )  # fmt: skip
+    _, pod = claim_template_and_pod(ns, "prioritized", dc)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "prioritized"}]
+    core.create_namespaced_pod(ns, pod)
+    claim = wait_until(
+        lambda: (c := as_dict(resource.read_namespaced_resource_claim, "prioritized", ns)).get("status", {}).get("allocation") and c,
+        60, what="allocation of the prioritized-list claim",
+    )  # fmt: skip
+    assert claim["status"]["allocation"]["devices"]["results"][0]["request"] == "gpu/any"
+
+    admin_claim = {"metadata": {"name": "admin"},
+                   "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": dc, "adminAccess": True}}]}}}  # fmt: skip
+    with pytest.raises(ApiException) as denied:
+        resource.create_namespaced_resource_claim(ns, admin_claim)
+    assert denied.value.status in (403, 422) and "admin-access" in denied.value.body
+    core.patch_namespace(ns, {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}})
+    created = as_dict(resource.create_namespaced_resource_claim, ns, admin_claim)
+    assert created["spec"]["devices"]["requests"][0]["exactly"]["adminAccess"] is True
+
+
 def slice_policy(ns: str, sa: str) -> dict:
     """The node-restriction policy for driver-written ResourceSlices (dra-example-driver's chart, v0.2.1).
 
