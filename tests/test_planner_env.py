@@ -1,0 +1,131 @@
+"""eks-dra plan -c env=NAME (node groups from the environment config), eks-dra slices, and the import boundary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from eks_dra import cli
+from eks_dra.config import load_environment
+from eks_dra.planner.simulate import nodes_for_environment
+
+REPO = Path(__file__).resolve().parents[1]
+CLASSES = Path(__file__).parent / "planner" / "classes.yaml"
+
+
+def test_environment_nodes_are_its_dra_groups_at_max_size():
+    nodes = nodes_for_environment(load_environment("dev", REPO / "config"))
+    # dev: system (no accelerator) and g6-device-plugin (device plugins, no DRA) publish nothing.
+    assert [n.name for n in nodes] == ["p5-dra-0", "p5-dra-1", "trn2-dra-0", "trn2-dra-1", "g6e-bottlerocket-0",
+                                       "p4d-mig-0"]
+    p5 = nodes[0]
+    assert sorted({d.driver for d in p5.devices}) == ["efa.eks-dra.io", "gpu.eks-dra.io"]
+    assert p5.labels["eks-dra.io/node-group"] == "p5-dra" and p5.labels["eks-dra.io/gpu"] == "dra"
+    assert ("nvidia.com/gpu", "true", "NoSchedule") in p5.taints
+    assert not any(key.endswith("/not-ready") for key, _, _ in p5.taints)  # removed by the driver once ready
+    mig = nodes[-1]
+    assert mig.mig_profile == "1g.5gb" and sum(d.attributes.get("type") == "mig" for d in mig.devices) == 56
+
+
+def _dist(tmp_path: Path, env: str, *docs: dict) -> Path:
+    dist = tmp_path / "dist"
+    (dist / env).mkdir(parents=True)
+    (dist / env / "0000-classes.k8s.yaml").write_text(CLASSES.read_text())
+    (dist / env / "0001-samples.k8s.yaml").write_text(yaml.safe_dump_all(docs))
+    return dist
+
+
+def _claim(name: str, cls: str, count: int = 1, namespace: str = "dra-samples") -> dict:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "d", "exactly": {"deviceClassName": cls, "count": count}}]}}}
+
+
+def test_plan_environment_places_claims_on_its_node_groups(tmp_path, capsys):
+    ignored = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "eks-dra-gpu"}, "spec": {}}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "on-trn2", "namespace": "dra-samples"},
+           "spec": {"nodeSelector": {"eks-dra.io/node-group": "trn2-dra"},
+                    "tolerations": [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}],
+                    "resourceClaims": [{"name": "n", "resourceClaimName": "neurons"}], "containers": []}}
+    dist = _dist(tmp_path, "dev", ignored, _claim("eight-h100", "gpu.eks-dra.io", 8),
+                 _claim("eight-h100-more", "gpu.eks-dra.io", 8), _claim("mig", "mig.gpu.eks-dra.io", 7),
+                 _claim("neurons", "neuron.eks-dra.io", 16), pod)
+    code = cli.main(["plan", "-c", "env=dev", "--config-dir", str(REPO / "config"), "--dist-dir", str(dist),
+                     "-o", "json"])
+    claims = {c["name"]: c for c in json.loads(capsys.readouterr().out)["claims"]}
+    assert code == 0
+    assert claims["eight-h100"]["node"] == "p5-dra-0" and claims["eight-h100-more"]["node"] == "p5-dra-1"
+    assert claims["mig"]["node"] == "p4d-mig-0"
+    assert claims["neurons"]["node"] == "trn2-dra-0"
+
+
+def test_plan_environment_fails_when_a_sample_cannot_be_allocated(tmp_path, capsys):
+    dist = _dist(tmp_path, "dev", _claim("too-big", "gpu.eks-dra.io", 9))
+    assert cli.main(["plan", "-c", "env=dev", "--config-dir", str(REPO / "config"), "--dist-dir", str(dist)]) == 1
+    out = capsys.readouterr().out
+    assert "count 9 exceeds the 8 matching devices of p5.48xlarge" in out
+    assert "count 9 exceeds the 8 matching devices of p4d.24xlarge (MIG 1g.5gb)" not in out  # no GPU class match
+    assert "no device of p4d.24xlarge (MIG 1g.5gb) matches DeviceClass gpu.eks-dra.io" in out
+
+
+def test_plan_environment_without_synthesized_manifests(tmp_path, capsys):
+    assert cli.main(["plan", "-c", "env=dev", "--config-dir", str(REPO / "config"),
+                     "--dist-dir", str(tmp_path / "dist")]) == 2
+    assert "run `make synth ENV=dev` first" in capsys.readouterr().err
+
+
+def test_plan_environment_uses_its_driver_names(tmp_path, capsys):
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "names.yaml").write_text(yaml.safe_dump({
+        "region": "us-east-2", "clusterName": "names", "kubernetesVersion": "1.34",
+        "drivers": {"names": {"gpu": "gpu.example.com"}},
+        "nodeGroups": [{"name": "system", "instanceType": "m7i.xlarge", "maxSize": 2},
+                       {"name": "p5", "instanceType": "p5.48xlarge", "maxSize": 1}]}))
+    dist = tmp_path / "dist"
+    (dist / "names").mkdir(parents=True)
+    (dist / "names" / "all.k8s.yaml").write_text(
+        CLASSES.read_text().replace("gpu.eks-dra.io", "gpu.example.com") + "---\n"
+        + yaml.safe_dump(_claim("g", "gpu.example.com")))
+    assert cli.main(["plan", "-c", "env=names", "--config-dir", str(config), "--dist-dir", str(dist),
+                     "-o", "json"]) == 0
+    device = json.loads(capsys.readouterr().out)["claims"][0]["devices"][0]
+    assert (device["driver"], device["pool"], device["device"]) == ("gpu.example.com", "p5-0", "gpu-0")
+
+
+def test_plan_rejects_both_modes(capsys):
+    assert cli.main(["plan", "-c", "env=dev", "--instance-type", "p5.48xlarge"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+def test_slices_prints_resource_slices(capsys):
+    assert cli.main(["slices", "--instance-type", "p5.48xlarge", "--node-name", "ip-10-0-0-1"]) == 0
+    slices = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [(s["kind"], s["spec"]["driver"], s["spec"]["nodeName"], len(s["spec"]["devices"])) for s in slices] == [
+        ("ResourceSlice", "gpu.eks-dra.io", "ip-10-0-0-1", 8), ("ResourceSlice", "efa.eks-dra.io", "ip-10-0-0-1", 32)]
+    gpu0 = slices[0]["spec"]["devices"][0]
+    assert gpu0["name"] == "gpu-0" and gpu0["attributes"]["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:44"}
+    assert slices[0]["spec"]["pool"] == {"name": "ip-10-0-0-1", "generation": 1, "resourceSliceCount": 1}
+
+
+def test_slices_several_nodes_and_mig(capsys):
+    assert cli.main(["slices", "--instance-type", "p4d.24xlarge", "--nodes", "2", "--mig-profile", "3g.20gb",
+                     "--driver-name", "gpu=gpu.example.com"]) == 0
+    slices = list(yaml.safe_load_all(capsys.readouterr().out))
+    gpu = [s for s in slices if s["spec"]["driver"] == "gpu.example.com"]
+    assert [s["spec"]["nodeName"] for s in gpu] == ["p4d.24xlarge-0", "p4d.24xlarge-1"]
+    assert len(gpu[0]["spec"]["devices"]) == 16  # 8 GPUs x 2 instances of 3g.20gb
+    assert cli.main(["slices", "--instance-type", "p4d.24xlarge", "--mig-profile", "9g"]) == 2
+
+
+def test_planner_commands_do_not_import_the_cdk():
+    code = ("import sys, eks_dra.planner.command_plan, eks_dra.planner.command_slices, eks_dra.config;"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('aws_cdk', 'jsii', 'cdk8s', 'constructs',"
+            " 'cdk8s_plus_34'));"
+            "print(','.join(bad)); sys.exit(1 if bad else 0)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert run.returncode == 0, f"planner imports {run.stdout.strip()} {run.stderr[-2000:]}"
