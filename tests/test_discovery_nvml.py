@@ -265,6 +265,22 @@ def test_gpu_check_prints_the_slice(tmp_path, simulated):
     assert slices[0]["spec"]["pool"]["name"] == "gpu-box"
 
 
+def test_gpu_check_survives_a_failing_nvml(tmp_path, simulated, monkeypatch):
+    root = _host_for_simulated_gpus(tmp_path)
+
+    def broken(h):
+        raise pynvml.NVMLError_Unknown()
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetArchitecture", broken)
+    out = io.StringIO()
+    rc = gpu_check.check(root, "gpu-box", "gpu.eks-dra.io", Nvml(), out=out)
+    text = out.getvalue()
+    # The procfs fallback finds all 8 fixture GPUs: the slice is printed and the NVML failure named.
+    assert rc == 0, text
+    assert "# NVML FAILED: NVMLError_Unknown" in text and "NVML failed (NVMLError_Unknown" in text
+    assert len([s for s in yaml.safe_load_all(text) if s][0]["spec"]["devices"]) == 8
+
+
 def test_gpu_check_without_nvml_or_gpus_exits_1(tmp_path, capsys):
     root = _host_for_simulated_gpus(tmp_path)
     assert gpu_check.check(root, "n", "gpu.eks-dra.io", None, out=io.StringIO()) == 1

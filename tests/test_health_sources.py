@@ -163,3 +163,17 @@ def test_monitor_takes_topology_from_the_drivers_inventory(tmp_path):
     set_gpu_xid(root, 1, 79)
     assert set(monitor.poll()) == {"gpu-0", "gpu-1"}
     assert list(_unhealthy(monitor.poll())) == ["gpu-1"]
+
+
+def test_a_failing_nvml_never_breaks_the_poll(tmp_path):
+    root, nvml, clock, monitor = _nvml_monitor(tmp_path, profile="1g.20gb")
+
+    def boom():
+        raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+
+    nvml.poll_events = boom
+    nvml.gpus = boom
+    monitor.refresh(discover("gpu", root, NODE))
+    assert _unhealthy(monitor.poll()) == {}
+    nvml.health_by_uuid[nvml.gpu_list[0].uuid] = NvmlHealth(error="GPU is lost")
+    assert len(_unhealthy(monitor.poll())) == 4  # gpu-0's four 1g.20gb instances

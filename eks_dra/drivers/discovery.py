@@ -379,18 +379,19 @@ def _gpus_from_procfs(host_root: Path, pci_gpus: list[PciFunction], problems: li
 
 
 def _discover_gpu(host_root: Path, it: InstanceType | None, nvml: NvmlBackend | None,
-                  problems: list[str]) -> Inventory:
+                  problems: list[str]) -> tuple[Inventory, NvmlBackend | None]:
+    """The GPU inventory and the NVML it was read with (None when absent or failed: health skips it too)."""
     pci_gpus = [f for f in list_pci_functions(host_root, NVIDIA_VENDOR, problems)
                 if f.class_code >> 8 in GPU_PCI_CLASSES]
     expected = max(it.accelerator_count if it is not None and it.gpu is not None else 0, len(pci_gpus))
     driver_loaded = nvml is not None or (host_root / NVIDIA_VERSION_FILE).is_file()
     if not pci_gpus and not driver_loaded:
         return Inventory([], False, "; ".join(["no GPU device found (no NVIDIA GPU on the PCI bus)", *problems]),
-                         problems=problems)
+                         problems=problems), None
     if not driver_loaded:
         why = f"NVIDIA kernel driver not loaded (/{NVIDIA_VERSION_FILE} missing, NVML unavailable)"
         return Inventory([], False, "; ".join([f"{len(pci_gpus)} GPUs on the PCI bus", why, *problems]),
-                         problems=problems)
+                         problems=problems), None
     by_address = {f.address: f for f in pci_gpus}
     gpus: list[gpu_model.GpuFacts] = []
     migs: dict[int, list[MigInstance]] = {}
@@ -405,7 +406,7 @@ def _discover_gpu(host_root: Path, it: InstanceType | None, nvml: NvmlBackend | 
         try:
             gpus, migs = _gpus_from_procfs(host_root, pci_gpus, problems, blockers)
         except DiscoveryError as exc:
-            return Inventory([], False, "; ".join([str(exc), *problems]), problems=problems)
+            return Inventory([], False, "; ".join([str(exc), *problems]), problems=problems), None
     if not (host_root / "dev/nvidiactl").exists():
         blockers.append("/dev/nvidiactl missing")
     minors = _mig_minors(host_root)
@@ -432,7 +433,7 @@ def _discover_gpu(host_root: Path, it: InstanceType | None, nvml: NvmlBackend | 
                                             parent=gpu_model.gpu_device_name(g.minor)))
     common = [p for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools") if _dev(host_root, p)]
     ready, reason = _readiness("GPU", len(gpus), expected, problems, blockers)
-    return Inventory(devices, ready, reason, common, problems)
+    return Inventory(devices, ready, reason, common, problems), nvml
 
 
 # --- EFA -----------------------------------------------------------------------------------------
@@ -553,7 +554,7 @@ def discover(family: Family, host_root: Path, node_name: str, *, nvml: NvmlBacke
     if family == "gpu":
         if nvml is None and not is_fixture(host_root):
             nvml, _ = shared_nvml()
-        inventory = _discover_gpu(host_root, it, nvml, problems)
+        inventory, nvml = _discover_gpu(host_root, it, nvml, problems)
     elif family == "efa":
         inventory = _discover_efa(host_root, it, problems)
     elif family == "neuron":

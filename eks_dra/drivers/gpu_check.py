@@ -42,8 +42,12 @@ def check(host_root: Path, node_name: str, driver: str, nvml: NvmlBackend | None
         print("error: NVML is unavailable (nvidia-ml-py installed? libnvidia-ml.so.1 and the NVIDIA driver "
               "loaded?)", file=sys.stderr)
         return 1
-    gpus = nvml.gpus()
-    print(f"# NVML: driver {nvml.driver_version()}, {len(gpus)} GPUs", file=out)
+    try:
+        gpus = nvml.gpus()
+        print(f"# NVML: driver {nvml.driver_version()}, {len(gpus)} GPUs", file=out)
+    except Exception as exc:  # report and go on: discovery falls back to /proc/driver/nvidia
+        print(f"# NVML FAILED: {exc.__class__.__name__}: {exc}", file=out)
+        gpus = []
     for g in gpus:
         sms = g.multiprocessors if g.multiprocessors else "n/a"
         print(f"#   minor {g.minor} {g.pci_address} {g.uuid} {g.name!r} {g.architecture} cc {g.cuda_compute_capability}"

@@ -194,7 +194,11 @@ class HealthMonitor:
         if self.family == "gpu" and self._nvml is not None and migs != self._gi_ids_for:
             # GPU-instance ids are not device attributes: ask NVML again only when the MIG layout changed.
             self._gi_ids, self._gi_ids_for = {}, migs
-            for g in self._nvml.gpus():
+            try:
+                gpus = self._nvml.gpus()
+            except Exception:  # NVML trouble shows in the level signals; events then match whole GPUs only
+                gpus, self._gi_ids_for = [], None
+            for g in gpus:
                 for m, number in discovery.number_migs(discovery.nvml_migs(g)):
                     self._gi_ids[gpu_model.mig_device_name(g.minor, m.profile, number)] = m.gpu_instance_id
 
@@ -206,7 +210,11 @@ class HealthMonitor:
             return _level_health(self.family, self.host_root, self._inventory, self._nvml)
         now = self._clock()
         if self._nvml is not None:
-            for ev in self._nvml.poll_events():
+            try:
+                events = self._nvml.poll_events()
+            except Exception:  # e.g. a GPU lost while waiting: the level signals report it
+                events = []
+            for ev in events:
                 if ev.kind == "xid" and ev.xid in self.ignored_xids:
                     continue
                 self._events[(ev.uuid, ev.gpu_instance_id)] = (ev.xid, now)
