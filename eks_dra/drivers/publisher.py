@@ -79,6 +79,8 @@ class SlicePublisher:
         self.blocked = ""  # non-empty: publishing refused (safety), with the reason
         self._devices: list | None = None
         self._observed: dict[str, dict] = {}
+        self._seen_rv: dict[str, int] = {}  # newest resourceVersion seen per slice name, deletions included
+        self._list_rv = 0  # every name is known at least as of the last list
         self._listed = False
         self._generation = 0
         self._cond = threading.Condition()
@@ -116,6 +118,8 @@ class SlicePublisher:
         items, rv = self.api.list_slices(self.selector)
         with self._cond:
             self._observed = {i["metadata"]["name"]: i for i in items}
+            self._seen_rv = {n: _rv(i) for n, i in self._observed.items()}
+            self._list_rv = _rv({"metadata": {"resourceVersion": rv}})
             self._listed = True
             self._dirty = True
             self._cond.notify_all()
@@ -128,6 +132,7 @@ class SlicePublisher:
             try:
                 if not rv:
                     rv = self._relist()
+                opened = time.monotonic()
                 for event in self.api.watch_slices(self.selector, rv, self.watch_timeout_s):
                     if self._stop.is_set():
                         return
@@ -144,7 +149,11 @@ class SlicePublisher:
                     if kind == "BOOKMARK":
                         continue
                     self._apply_event(kind, obj)
-                backoff = BACKOFF_START_S
+                if time.monotonic() - opened < 1.0:  # a server that ends watches at once: do not spin
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX_S)
+                else:
+                    backoff = BACKOFF_START_S
             except ApiError as exc:
                 self.metrics.api_errors.labels(self.driver, "watch_slices").inc()
                 log.warning("slice watch failed; retrying", extra={"error": str(exc)})
@@ -163,9 +172,9 @@ class SlicePublisher:
         if not name:
             return
         with self._cond:
-            current = self._observed.get(name)
-            if current is not None and _rv(obj) and _rv(obj) < _rv(current):
+            if _rv(obj) and _rv(obj) < self._seen_rv.get(name, self._list_rv):
                 return  # older than what our own write already told us
+            self._seen_rv[name] = max(_rv(obj), self._seen_rv.get(name, self._list_rv))
             if kind == "DELETED":
                 self._observed.pop(name, None)
                 log.info("slice deleted by someone else", extra={"slice": name})
@@ -274,5 +283,6 @@ class SlicePublisher:
         with self._cond:
             if obj is None:
                 self._observed.pop(name, None)
-            else:
+            elif _rv(obj) >= self._seen_rv.get(name, self._list_rv):  # a watch event may already have superseded it
+                self._seen_rv[name] = _rv(obj)
                 self._observed[name] = obj

@@ -126,6 +126,7 @@ class FakeKube:
         if bump:
             obj["metadata"]["resourceVersion"] = self._next_rv()
         self.slice_events.append((int(obj["metadata"]["resourceVersion"]), type_, obj))
+        self.evlog = getattr(self, "evlog", []) + [(0, type_, 0, time.monotonic())]
         if len(self.slice_events) > self.history:
             dropped = self.slice_events[: len(self.slice_events) - self.history]
             del self.slice_events[: len(dropped)]
@@ -206,7 +207,7 @@ def _handler(kube: FakeKube):
             path = url.path
             try:
                 if path == f"{RESOURCE}/resourceslices" and verb == "GET":
-                    if query.get("watch") in ("true", "1"):
+                    if str(query.get("watch")).lower() in ("true", "1"):
                         return self._watch(query)
                     return self._list_slices(query)
                 if path == f"{RESOURCE}/resourceslices" and verb == "POST":
@@ -315,7 +316,7 @@ def _handler(kube: FakeKube):
             since = int(query.get("resourceVersion") or 0)
             timeout = float(query.get("timeoutSeconds") or 300)
             selector = query.get("fieldSelector", "")
-            bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+            bookmarks = str(query.get("allowWatchBookmarks")).lower() in ("true", "1")
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Transfer-Encoding", "chunked")

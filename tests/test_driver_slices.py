@@ -1,0 +1,237 @@
+"""ResourceSlices, readiness taint and health withdrawal against the in-test API server."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import threading
+import time
+
+import pytest
+from drivers.fake_kube import FakeKube
+from drivers.harness import DRIVERS, Node, make_claim, short_tmp, start_driver, wait_for
+
+from eks_dra.devices import Device
+from eks_dra.drivers import fixture
+from eks_dra.drivers.kube import KubeApi, api_client
+from eks_dra.drivers.metrics import DriverMetrics
+from eks_dra.drivers.publisher import SlicePublisher
+from eks_dra.drivers.readiness import taint_key
+
+GPU, EFA, NEURON = DRIVERS["gpu"], DRIVERS["efa"], DRIVERS["neuron"]
+NOT_READY = {"key": taint_key(GPU), "value": "true", "effect": "NoSchedule"}
+
+
+@pytest.fixture
+def cluster():
+    base = short_tmp()
+    kube = FakeKube()
+    started = []
+
+    def node(name="node-a", instance_type="p5.48xlarge", taints=None, **kw):
+        n = Node(base / name, instance_type, name, **kw)
+        kube.add_node(name, taints=taints)
+        return n
+
+    def start(n, family="gpu", **kw):
+        d = start_driver(kube, n, family, **kw)
+        started.append(d)
+        return d
+
+    yield kube, node, start
+    for d in started:
+        d.stop(0.5)
+    kube.close()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def devices_in(kube, node, driver):
+    return sorted(d["name"] for s in kube.slices_of(node, driver) for d in s["spec"]["devices"])
+
+
+def test_publish_pool_owner_generation_and_taint(cluster):
+    kube, make_node, start = cluster
+    n = make_node(taints=[NOT_READY, {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}])
+    start(n, "gpu")
+    start(n, "efa")
+    wait_for(lambda: len(devices_in(kube, "node-a", EFA)) == 32 and len(devices_in(kube, "node-a", GPU)) == 8,
+             what="slices")
+    node_uid = kube.nodes["node-a"]["metadata"]["uid"]
+    for s in kube.slices_of("node-a"):
+        assert s["spec"]["pool"] == {"name": "node-a", "generation": 1, "resourceSliceCount": 1}
+        assert s["spec"]["nodeName"] == "node-a"
+        assert s["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Node", "name": "node-a",
+                                                     "uid": node_uid, "controller": True}]
+    wait_for(lambda: [t["key"] for t in kube.node_taints("node-a")] == ["nvidia.com/gpu"], what="taint removed")
+
+
+def test_idle_driver_makes_no_writes(cluster):
+    kube, make_node, start = cluster
+    n = make_node()
+    driver = start(n, "gpu", resync_interval_s=0.3)
+    wait_for(driver.publisher.in_sync.is_set, what="published")
+    wait_for(lambda: driver.readiness.ready is True, what="ready")
+    time.sleep(0.5)
+    before = sum(kube.writes.values())
+    time.sleep(2.5)  # ~8 resyncs and ~12 health polls
+    assert sum(kube.writes.values()) == before
+
+
+def test_deleted_slices_come_back_even_at_hostile_moments(cluster):
+    kube, make_node, start = cluster
+    n = make_node()
+    driver = start(n, "efa")
+    wait_for(lambda: len(devices_in(kube, "node-a", EFA)) == 32, what="slices")
+    name = kube.slices_of("node-a", EFA)[0]["metadata"]["name"]
+    worst = 0.0
+    for i in range(200):
+        if i % 20 == 3:
+            kube.drop_watches()  # during a watch reconnect
+        if i % 20 == 11:
+            kube.compact()  # the watch's resourceVersion is gone: 410
+        wait_for(lambda: kube.slices_of("node-a", EFA), what="slice present")
+        time.sleep(random.choice([0, 0, 0.01, 0.05]))  # right after the create, or a bit later
+        start_t = time.monotonic()
+        assert kube.delete_slice(name)
+        wait_for(lambda: len(devices_in(kube, "node-a", EFA)) == 32, timeout=15, what=f"recreate #{i}")
+        worst = max(worst, time.monotonic() - start_t)
+    assert worst < 15
+    gens = {s["spec"]["pool"]["generation"] for s in kube.slices_of("node-a", EFA)}
+    assert gens == {driver.publisher._generation}
+
+
+def test_api_outage_is_retried(cluster):
+    kube, make_node, start = cluster
+    n = make_node()
+    kube.fail_all = True
+    driver = start(n, "gpu")
+    time.sleep(1.0)
+    assert not kube.slices_of("node-a")
+    kube.fail_all = False
+    wait_for(lambda: len(devices_in(kube, "node-a", GPU)) == 8, timeout=15, what="published after outage")
+    assert driver.metrics.value("eks_dra_api_errors_total", call="watch_slices") > 0
+
+
+def test_two_nodes_same_device_names_are_separate_pools(cluster):
+    kube, make_node, start = cluster
+    a, b = make_node("node-a"), make_node("node-b")
+    start(a, "gpu")
+    start(b, "gpu")
+    wait_for(lambda: devices_in(kube, "node-a", GPU) == devices_in(kube, "node-b", GPU) != [], what="both")
+    pools = {s["spec"]["pool"]["name"] for s in kube.slices_of("node-a") + kube.slices_of("node-b")}
+    assert pools == {"node-a", "node-b"}
+
+
+def test_starts_before_devices_publishes_nothing_then_everything(cluster):
+    kube, make_node, start = cluster
+    n = make_node(without_driver=True, taints=[NOT_READY])
+    seen_sizes: list[int] = []
+    stop = threading.Event()
+
+    def observe():
+        while not stop.is_set():
+            s = devices_in(kube, "node-a", GPU)
+            if s:
+                seen_sizes.append(len(s))
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=observe, daemon=True)
+    watcher.start()
+    driver = start(n, "gpu")
+    time.sleep(1.0)
+    assert not kube.slices_of("node-a")
+    assert kube.node_taints("node-a") == [NOT_READY]
+    fixture.add_devices(n.host, "gpu")
+    t0 = time.monotonic()
+    wait_for(lambda: len(devices_in(kube, "node-a", GPU)) == 8, what="full inventory")
+    appeared = time.monotonic() - t0
+    wait_for(lambda: kube.node_taints("node-a") == [], what="taint removed")
+    stop.set()
+    watcher.join()
+    assert seen_sizes and set(seen_sizes) == {8}, "never an empty or partial slice"
+    assert appeared < 60
+    assert driver.inventory.ready
+
+
+def test_unhealthy_devices_withdrawn_and_restored(cluster):
+    kube, make_node, start = cluster
+    n = make_node()
+    efa = start(n, "efa")
+    gpu = start(n, "gpu")
+    wait_for(lambda: len(devices_in(kube, "node-a", EFA)) == 32 and len(devices_in(kube, "node-a", GPU)) == 8,
+             what="slices")
+    name, dev = sorted(efa.inventory.devices.items())[0]
+    ibdev = dev.device.attributes["rdmaDevice"]
+    t0 = time.monotonic()
+    fixture.set_efa_port_state(n.host, ibdev, False)
+    fixture.set_gpu_xid(n.host, 2, 79)
+    wait_for(lambda: name not in devices_in(kube, "node-a", EFA) and "gpu-2" not in devices_in(kube, "node-a", GPU),
+             timeout=10, what="withdrawn")
+    assert time.monotonic() - t0 < 10
+    assert len(devices_in(kube, "node-a", EFA)) == 31
+    reasons = [r for _, r, _ in efa.events.sent + gpu.events.sent]
+    assert reasons.count("DeviceUnhealthy") == 2
+    assert efa.metrics.value("eks_dra_health_changes_total", health="unhealthy") == 1
+    # a claim on the withdrawn GPU is refused with the reason
+    claim = kube.put_claim(make_claim(GPU, "node-a", ["gpu-2"]))
+    ref = [(claim["metadata"]["namespace"], claim["metadata"]["uid"], claim["metadata"]["name"])]
+    from eks_dra.drivers.state import ClaimRef
+
+    out = gpu.state.prepare([ClaimRef(*ref[0])])
+    assert "unhealthy" in out[claim["metadata"]["uid"]][1]
+    fixture.set_efa_port_state(n.host, ibdev, True)
+    fixture.set_gpu_xid(n.host, 2, None)
+    wait_for(lambda: len(devices_in(kube, "node-a", EFA)) == 32, timeout=10, what="EFA restored")
+    wait_for(lambda: "gpu-2" in devices_in(kube, "node-a", GPU), timeout=10, what="GPU restored")
+    assert efa.metrics.value("eks_dra_health_changes_total", health="healthy") == 1
+    gens = {s["spec"]["pool"]["generation"] for s in kube.slices_of("node-a", EFA)}
+    assert gens == {3}
+
+
+def test_mig_devices_follow_their_parent(cluster):
+    kube, make_node, start = cluster
+    n = make_node(mig_profile="3g.40gb")
+    driver = start(n, "gpu")
+    wait_for(lambda: len(devices_in(kube, "node-a", GPU)) > 0, what="slices")
+    before = devices_in(kube, "node-a", GPU)
+    children = [d for d in before if d.startswith("gpu-1-mig-")]
+    assert children
+    fixture.set_gpu_xid(n.host, 1, 48)
+    wait_for(lambda: not any(d.startswith("gpu-1-mig-") for d in devices_in(kube, "node-a", GPU)), timeout=10,
+             what="MIG children withdrawn")
+    assert len(devices_in(kube, "node-a", GPU)) == len(before) - len(children)
+    assert driver.metrics.value("eks_dra_unhealthy_devices") == len(children)
+
+
+def test_device_plugin_on_node_blocks_publishing(cluster):
+    kube, make_node, start = cluster
+    n = make_node(taints=[NOT_READY])
+    kube.nodes["node-a"]["status"]["allocatable"]["nvidia.com/gpu"] = "8"
+    driver = start(n, "gpu")
+    wait_for(lambda: any(r == "DevicePluginConflict" for _, r, _ in driver.events.sent), what="conflict event")
+    time.sleep(0.5)
+    assert not kube.slices_of("node-a")
+    assert kube.node_taints("node-a") == [NOT_READY]
+
+
+def test_publisher_splits_large_pools_and_bumps_generation():
+    kube = FakeKube()
+    try:
+        kube.add_node("big")
+        api = KubeApi(api_client(str(kube.write_kubeconfig(short_tmp() / "kc"))))
+        pub = SlicePublisher(api, "x.example.com", "big", DriverMetrics("x.example.com"), resync_s=60)
+        pub.node_uid = kube.nodes["big"]["metadata"]["uid"]
+        pub.start()
+        pub.set_devices([Device(f"dev-{i:03d}", {"index": i}) for i in range(300)])
+        wait_for(lambda: len(kube.slices_of("big")) == 3, what="3 slices")
+        wait_for(pub.in_sync.is_set, what="in sync")
+        sizes = sorted(len(s["spec"]["devices"]) for s in kube.slices_of("big"))
+        assert sizes == [44, 128, 128]
+        assert {s["spec"]["pool"]["resourceSliceCount"] for s in kube.slices_of("big")} == {3}
+        pub.set_devices([Device(f"dev-{i:03d}", {"index": i}) for i in range(100)])
+        wait_for(lambda: len(kube.slices_of("big")) == 1, what="shrunk to 1 slice")
+        (only,) = kube.slices_of("big")
+        assert only["spec"]["pool"] == {"name": "big", "generation": 2, "resourceSliceCount": 1}
+        pub.stop()
+    finally:
+        kube.close()
