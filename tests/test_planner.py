@@ -424,3 +424,20 @@ def test_bad_input_exits_2_naming_file_object_and_field(tmp_path, capsys, name, 
 def test_bad_command_lines_exit_2(capsys, args, message):
     assert cli.main(["plan", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_error_on_any_node_stops_the_pod_like_kube_scheduler(tmp_path):
+    # g5.48xlarge could take "one GPU + All EFA" (one root), but the p5 nodes' filter errors (33 > 32 results),
+    # and an error from any node's filter ends the pod's scheduling attempt.
+    from eks_dra.planner.simulate import number_nodes
+
+    doc = claim("all", exact("gpu", "gpu.eks-dra.io"), exact("efa", "efa.eks-dra.io", mode="All"),
+                constraints=((PCIE, []),))
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    env = CelEnvironment()
+    manifests = load_manifests([CLASSES, path], env)
+    nodes = number_nodes(nodes_for_instance_type("g5.48xlarge", 1) + nodes_for_instance_type("p5.48xlarge", 1))
+    result = Planner(env, nodes).run(manifests.claims, manifests.pods)
+    assert reason_of(result, "all").startswith("claim default/all: number of requested devices 33 exceeds the claim "
+                                               "limit of 32")

@@ -120,6 +120,7 @@ class Planner:
         self.nodes = nodes
         self.matcher = Matcher(env)
         self._failed: dict[tuple, set[int]] = {}
+        self._layout_errors: dict[tuple, str | None] = {}
 
     def run(self, claims: list[PlanClaim], pods: list[PlanPod]) -> PlanResult:
         result = PlanResult(claims, pods, self.nodes)
@@ -144,6 +145,10 @@ class Planner:
             pod.node = candidates[0].name
             return
         shape = (tuple(c.spec.key for c in pending), pod.scheduling_key, tuple(pinned))
+        error = self._error_on_any_layout(shape, pending, candidates)
+        if error:
+            self._fail(pod, pending, error)
+            return
         failed = self._failed.setdefault(shape, set())
         for node in candidates:
             if node.index in failed:
@@ -159,6 +164,26 @@ class Planner:
             self._commit(pod, node, pending, found)
             return
         self._fail(pod, pending, self._capacity_reason(pending, candidates, pinned))
+
+    def _error_on_any_layout(self, shape: tuple, claims: list[PlanClaim], candidates: list[SimNode]) -> str | None:
+        """kube-scheduler filters every node (below 100 nodes, and a large share above) and an allocator error
+        on any of them stops the pod's scheduling, even where another node would fit. Errors that an empty node
+        of a layout raises (a CEL evaluation error, a claim over 32 devices, `All` breaking a constraint) are
+        checked once per pod shape and layout."""
+        representatives: dict[tuple, SimNode] = {}
+        for node in candidates:
+            representatives.setdefault(node.layout, node)
+        for node in representatives.values():
+            key = (shape, node.layout)
+            if key not in self._layout_errors:
+                try:
+                    NodeSearch(self.matcher, node, claims, ignore_owners=True).run()
+                    self._layout_errors[key] = None
+                except AllocationError as exc:
+                    self._layout_errors[key] = str(exc)
+            if self._layout_errors[key]:
+                return self._layout_errors[key]
+        return None
 
     def _commit(self, pod: PlanPod, node: SimNode, claims: list[PlanClaim],
                 found: list[list[tuple[DeviceRequest, SimDevice]]]) -> None:
