@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from controlplane import ControlPlane, KubeletStandIn, ensure_binary, go_available
+from controlplane import MIN_GO, ControlPlane, KubeletStandIn, ensure_binary, go_available, go_version
 
 E2E_DIR = Path(__file__).resolve().parent
 NO_GO = "e2e: Go toolchain not found on PATH; install Go >= 1.24 to run the real-control-plane tier"
@@ -35,7 +35,8 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     # A cold build takes minutes; doing it here keeps it out of the first test's timeout.
-    if go_available() and any(_is_e2e(item) for item in session.items):
+    version = go_version() if go_available() else None
+    if version is not None and version >= MIN_GO and any(_is_e2e(item) for item in session.items):
         try:
             _build["binary"] = ensure_binary()
         except Exception as exc:  # reported by the fixture, in the test that needs it
@@ -46,6 +47,9 @@ def pytest_collection_finish(session):
 def e2e_binary() -> Path:
     if not go_available():
         pytest.skip(NO_GO)
+    version = go_version()
+    if version is not None and version < MIN_GO:
+        pytest.skip(f"e2e: Go {version[0]}.{version[1]} found; the Kubernetes 1.34.12 modules need Go >= 1.25")
     if "error" in _build:
         raise _build["error"]
     return _build.get("binary") or ensure_binary()

@@ -24,8 +24,25 @@ PREPARED_ANNOTATION = "e2e.eks-dra.io/prepared"
 _binary: Path | None = None
 
 
+# k8s.io/kubernetes v1.34.12 and its staging modules declare `go 1.25.0`; build.sh sets GOTOOLCHAIN=local.
+MIN_GO = (1, 25)
+
+
 def go_available() -> bool:
     return shutil.which("go") is not None
+
+
+def go_version() -> tuple[int, int] | None:
+    """(major, minor) of the `go` on PATH, or None if it cannot be told."""
+    try:
+        out = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    parts = out.strip().removeprefix("go").split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
 
 
 def ensure_binary() -> Path:
