@@ -148,7 +148,7 @@ def test_two_claims_compete_for_one_node(tmp_path):
     a, b = claim("a", exact("gpus", "gpu.eks-dra.io", 6)), claim("b", exact("gpus", "gpu.eks-dra.io", 6))
     one = plan(tmp_path, "p5.48xlarge", a, b)
     assert devices_of(one, "a") == [("gpus", f"gpu-{i}") for i in range(6)]
-    assert reason_of(one, "b") == ("all 1 p5.48xlarge node already holds other claims' devices: request gpus "
+    assert reason_of(one, "b") == ("the only p5.48xlarge node already holds other claims' devices: request gpus "
                                    "needs 6 matching devices, at most 2 are free on one node")
     two = plan(tmp_path, "p5.48xlarge", a, b, nodes=2)
     assert [c.node for c in two.claims] == ["p5.48xlarge-0", "p5.48xlarge-1"]
@@ -441,3 +441,27 @@ def test_an_error_on_any_node_stops_the_pod_like_kube_scheduler(tmp_path):
     result = Planner(env, nodes).run(manifests.claims, manifests.pods)
     assert reason_of(result, "all").startswith("claim default/all: number of requested devices 33 exceeds the claim "
                                                "limit of 32")
+
+
+def test_requests_of_one_class_compete_for_the_same_devices(tmp_path):
+    both = claim("both", exact("x", "efa.eks-dra.io", 2), exact("g", "gpu.eks-dra.io"), exact("y", "efa.eks-dra.io", 3),
+                 constraints=((PCIE, []),))
+    assert reason_of(plan(tmp_path, "p5.48xlarge", both), "both").endswith(
+        "at most 4 devices for x+y share one value of resource.kubernetes.io/pcieRoot (e.g. pci0000:44), "
+        "together they need 5")
+    blocker = claim("blocker", exact("e", "efa.eks-dra.io"))
+    halves = claim("halves", exact("x", "efa.eks-dra.io", 16), exact("y", "efa.eks-dra.io", 16))
+    assert reason_of(plan(tmp_path, "p5.48xlarge", blocker, halves), "halves") == (
+        "the only p5.48xlarge node already holds other claims' devices: requests x+y need 32 matching devices, "
+        "at most 31 are free on one node")
+
+
+def test_json_list_input(tmp_path):
+    listing = {"apiVersion": "v1", "kind": "List", "items": [GPU_EFA_ALIGNED, claim("two", exact("g", "gpu.eks-dra.io", 2))]}
+    path = tmp_path / "list.json"
+    path.write_text(json.dumps(listing))
+    env = CelEnvironment()
+    manifests = load_manifests([CLASSES, path], env)
+    result = Planner(env, nodes_for_instance_type("p5.48xlarge", 1)).run(manifests.claims, manifests.pods)
+    assert [(c.name, c.allocated) for c in result.claims] == [("aligned", True), ("two", True)]
+    assert devices_of(result, "two") == [("g", "gpu-1"), ("g", "gpu-2")]

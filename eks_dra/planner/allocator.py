@@ -23,6 +23,9 @@ from .simulate import SimDevice, SimNode
 MAX_RESULTS_PER_CLAIM = 32  # AllocationResultsMaxSize
 
 
+MAX_SEARCH_STEPS = 1_000_000  # stands in for kube-scheduler's DRA filter timeout (10 s)
+
+
 class AllocationError(Exception):
     """An error, not a mismatch: kube-scheduler stops trying to schedule the pod (on any node)."""
 
@@ -148,6 +151,7 @@ class NodeSearch:
         # constraint state per claim: [value or None, number of devices counted]
         self.state: list[list[list]] = [[[None, 0] for _ in cs] for cs in self.constraints]
         self.allocating: dict[int, set[int]] = {}  # device uid -> claims taking it in this attempt
+        self.steps = 0
 
     # -- public ------------------------------------------------------------------------------------
     def run(self) -> list[list[tuple[DeviceRequest, SimDevice]]] | None:
@@ -239,6 +243,10 @@ class NodeSearch:
             if len(devices) - pos < remaining and not cands.errors:
                 return False  # (upstream would still walk into a failing device and stop with its error)
             device = devices[pos]
+            self.steps += 1
+            if self.steps > MAX_SEARCH_STEPS:
+                raise AllocationError(f"the device search on node {self.node.name} gave up after {MAX_SEARCH_STEPS:,} "
+                                      "steps (kube-scheduler's DRA filter would time out); simplify the claims")
             if not self._usable(alt, device, claim):
                 continue
             error = cands.errors.get(device.index)
@@ -328,6 +336,10 @@ class NodeSearch:
             if len(usable) < needed:
                 return False
             open_sets.append(usable)
+        # Exclusive requests together need as many distinct devices as they ask for.
+        exclusive = [(p, u) for p, u in zip(pending, open_sets, strict=True) if not p[1].admin_access]
+        if sum(p[3] for p, _ in exclusive) > len({d.uid for _, u in exclusive for d in u}):
+            return False
         for c, constraints in enumerate(self.constraints):
             for constraint, state in zip(constraints, self.state[c], strict=True):
                 if state[1] > 0:

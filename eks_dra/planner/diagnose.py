@@ -68,18 +68,26 @@ def constraint_reason(matcher: Matcher, node: SimNode, claim: PlanClaim, constra
             a, b = per_alt[0][0].result_name, per_alt[1][0].result_name
             return head + f"no device for {a} shares a value of {attr} with a device for {b} ({listing})"
         return head + f"no value of {attr} is shared by devices of every request ({listing})"
-    worst = None
+    # Requests selecting the same devices compete for them: compare each group's need per shared value.
+    groups: dict[tuple, tuple[list[DeviceRequest], Counter]] = {}
     for alt, values, _ in per_alt:
-        if alt.all_devices:
+        if not alt.all_devices:
+            groups.setdefault(alt.match_key, ([], values))[0].append(alt)
+    best = None
+    for value in sorted(common):
+        short = [(alts, values[value], sum(a.count for a in alts)) for alts, values in groups.values()
+                 if values[value] < sum(a.count for a in alts)]
+        if not short:
             continue
-        best = max(values[v] for v in common)
-        if best < alt.count and (worst is None or best < worst[1]):
-            value = max(sorted(common), key=lambda v, values=values: values[v])
-            worst = (alt, best, value)
-    if worst is not None:
-        alt, best, value = worst
-        return head + (f"at most {best} devices for {alt.result_name} share one value of {attr} "
-                       f"(e.g. {value[1]}), the request needs {alt.count}")
+        worst = min(short, key=lambda s: s[1] / s[2])
+        if best is None or worst[1] / worst[2] > best[0]:
+            best = (worst[1] / worst[2], value, worst)
+    if best is not None:
+        _, value, (alts, have, need) = best
+        names = "+".join(a.result_name for a in alts)
+        needs = "the request needs" if len(alts) == 1 else "together they need"
+        return head + (f"at most {have} devices for {names} share one value of {attr} "
+                       f"(e.g. {value[1]}), {needs} {need}")
     return head + "no combination of the requests' devices shares one value"
 
 

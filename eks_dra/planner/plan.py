@@ -226,21 +226,28 @@ class Planner:
             if not possible:
                 parts.append(explain_static(self.matcher, rep, claims))
                 continue
-            where = f"node {pinned[0]} of the shared claim" if pinned else \
-                f"all {len(nodes)} {rep.kind} node{'s' if len(nodes) > 1 else ''}"
-            parts.append(f"{where} already hold{'s' if pinned or len(nodes) == 1 else ''} other claims' devices"
-                         + self._free_detail(claims, nodes))
+            if pinned:
+                where = f"node {pinned[0]} of the shared claim already holds"
+            elif len(nodes) == 1:
+                where = f"the only {rep.kind} node already holds"
+            else:
+                where = f"all {len(nodes)} {rep.kind} nodes already hold"
+            parts.append(f"{where} other claims' devices" + self._free_detail(claims, nodes))
         return "; ".join(parts)
 
     def _free_detail(self, claims: list[PlanClaim], nodes: list[SimNode]) -> str:
+        """The first group of requests (same class and selectors) that no node has enough free devices for."""
+        needs: dict[tuple, tuple[DeviceRequest, list[str], int]] = {}
         for claim in claims:
             for request in claim.spec.requests:
                 alt = request.alternatives[0]
-                if alt.all_devices:
+                if alt.all_devices or alt.admin_access:
                     continue
-                most = max(sum(1 for d in self.matcher.candidates(alt, n).matching if d.owner is None)
-                           for n in nodes)
-                if most < alt.count:
-                    return (f": request {alt.result_name} needs {alt.count} matching devices, at most {most} "
-                            f"are free on one node")
+                first, names, total = needs.get(alt.match_key, (alt, [], 0))
+                needs[alt.match_key] = (first, [*names, alt.result_name], total + alt.count)
+        for alt, names, total in needs.values():
+            most = max(sum(1 for d in self.matcher.candidates(alt, n).matching if d.owner is None) for n in nodes)
+            if most < total:
+                who = f"request {names[0]} needs" if len(names) == 1 else f"requests {'+'.join(names)} need"
+                return f": {who} {total} matching devices, at most {most} are free on one node"
         return ""
