@@ -46,7 +46,7 @@ def efa_port_health(host_root: Path, ibdev: str) -> Health:
         state = discovery.read_optional(state_file)
         if state is None:
             return False, f"{ibdev} port {state_file.parent.name}: unreadable state file {state_file}"
-        if not state.endswith("ACTIVE") or state.endswith("_ACTIVE"):
+        if state.rpartition(":")[2].strip() != "ACTIVE":  # "4: ACTIVE"; not DOWN, INIT, ARMED, ACTIVE_DEFER
             return False, f"{ibdev} port {state_file.parent.name} is {state!r}, not ACTIVE"
     return OK
 
