@@ -288,11 +288,12 @@ def test_gpu_check_without_nvml_or_gpus_exits_1(tmp_path, capsys):
     assert gpu_check.main(["--host-root", str(tmp_path / "empty")]) == 1
 
 
-def test_gpu_check_imports_stay_minimal():
+def test_discovery_modules_import_nothing_heavy():
+    """gpu-check runs on a bare GPU machine; the drivers must not pay for the CDK or a client they don't use."""
     import subprocess
     import sys
 
-    code = ("import sys, eks_dra.drivers.gpu_check; "
+    code = ("import sys, eks_dra.drivers.gpu_check, eks_dra.drivers.fixture, eks_dra.drivers.health_sources; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('aws_cdk', 'jsii', 'cdk8s', 'kubernetes', 'grpc')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

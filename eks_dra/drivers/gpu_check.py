@@ -12,6 +12,7 @@ import argparse
 import socket
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from eks_dra.devices import DEFAULT_DRIVER_NAMES, resource_slices
 
@@ -24,7 +25,8 @@ def _sysfs_table(host_root: Path, problems: list[str]) -> list[discovery.PciFunc
             if f.class_code >> 8 in discovery.GPU_PCI_CLASSES]
 
 
-def check(host_root: Path, node_name: str, driver: str, nvml: NvmlBackend | None, out=sys.stdout) -> int:
+def check(host_root: Path, node_name: str, driver: str, nvml: NvmlBackend | None,
+          out: TextIO = sys.stdout) -> int:
     import yaml
 
     problems: list[str] = []
