@@ -60,16 +60,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class BadArguments(ValueError):
+    pass
+
+
 def config_from_args(args: argparse.Namespace):
     from .driver import DriverConfig
 
     if not args.node_name:
-        raise SystemExit("eks-dra-driver: error: --node-name (or NODE_NAME) is required")
+        raise BadArguments("--node-name (or NODE_NAME) is required: the name of the node this pod runs on "
+                           "(fieldRef spec.nodeName)")
     if not 0 < args.health_interval <= 2:
-        raise SystemExit("eks-dra-driver: error: --health-interval must be in (0, 2] seconds")
+        raise BadArguments("--health-interval must be in (0, 2] seconds")
     for name in ("reconcile_interval", "rediscover_interval", "resync_interval"):
         if getattr(args, name) <= 0:
-            raise SystemExit(f"eks-dra-driver: error: --{name.replace('_', '-')} must be positive")
+            raise BadArguments(f"--{name.replace('_', '-')} must be positive")
     driver_name = args.driver_name or DEFAULT_DRIVER_NAMES[args.family]
     health_port = DEFAULT_HEALTH_PORTS[args.family] if args.health_port is None else int(args.health_port)
     metrics_port = DEFAULT_METRICS_PORTS[args.family] if args.metrics_port is None else int(args.metrics_port)
@@ -90,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     kube.use_slim_import()  # before anything imports the kubernetes client
     from . import logging as driver_logging
 
-    cfg = config_from_args(args)
+    try:
+        cfg = config_from_args(args)
+    except BadArguments as exc:
+        print(f"eks-dra-driver: error: {exc}", file=sys.stderr)
+        return 2
     driver_logging.setup(args.log_level, cfg.driver_name, cfg.node_name)
 
     from .discovery import discover

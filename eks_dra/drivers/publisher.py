@@ -245,7 +245,7 @@ class SlicePublisher:
         want = self.desired()
         if want is None:
             self.in_sync.clear()
-            if self.on_synced:
+            if self.on_synced and self.node_uid:  # without the Node's UID we only wait; that is no loss
                 self.on_synced(False)
             return False
         with self._cond:
