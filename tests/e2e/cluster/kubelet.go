@@ -143,11 +143,11 @@ func runKubelet(args []string) error {
 	// The kubelet's DRA plugin manager: it deletes this node's ResourceSlices on
 	// start (in the background), validates and registers plugins, negotiates the
 	// gRPC service and wipes a driver's slices 30s after its plugin goes away.
+	if err := s.wipeSlices(ctx); err != nil {
+		return fmt.Errorf("deleting ResourceSlices of node %s: %w", *node, err)
+	}
 	s.plugins = draplugin.NewDRAPluginManager(ctx, client, getNode, nil, wipingDelay)
 	defer s.plugins.Stop()
-	if err := s.waitSlicesWiped(ctx); err != nil {
-		return err
-	}
 
 	// The kubelet's plugin watcher + registration reconciler on the registry dir.
 	recorder := record.NewFakeRecorder(100)
@@ -284,20 +284,14 @@ func (s *standIn) heartbeat(ctx context.Context) {
 	}
 }
 
-// waitSlicesWiped waits until the plugin manager's startup wipe has removed this
-// node's ResourceSlices, so that tests can start drivers right after "ready".
-func (s *standIn) waitSlicesWiped(ctx context.Context) error {
+// wipeSlices deletes this node's ResourceSlices synchronously. The plugin manager
+// does the same in the background; doing it here first makes "ready" mean "wiped",
+// even when a running driver republishes right away.
+func (s *standIn) wipeSlices(ctx context.Context) error {
 	sel := fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, s.node).String()
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		l, err := s.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel})
-		return err == nil && len(l.Items) == 0, nil
+	return retry.OnError(retry.DefaultBackoff, func(error) bool { return ctx.Err() == nil }, func() error {
+		return s.client.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: sel})
 	})
-	if err != nil {
-		return fmt.Errorf("ResourceSlices of node %s were not wiped: %w", s.node, err)
-	}
-	return nil
 }
 
 func (s *standIn) podChanged(obj any, deleted bool) {
