@@ -81,7 +81,7 @@ def main() -> int:
         nodes = number_nodes(nodes_for_instance_type("p5.48xlarge", P5_NODES)
                              + nodes_for_instance_type("trn2.48xlarge", TRN2_NODES))
         t_nodes = time.perf_counter()
-        result = Planner(env, nodes).run(loaded.claims, loaded.pods)
+        result = Planner(env, nodes).run(loaded.pods)
         end = time.perf_counter()
     allocated = sum(c.allocated for c in result.claims)
     total = end - start

@@ -48,8 +48,7 @@ def plan(tmp_path: Path, instance_type: str, *docs: dict, nodes: int = 1, mig_pr
     path.write_text(yaml.safe_dump_all(docs))
     env = CelEnvironment()
     manifests = load_manifests([CLASSES, *files, path], env)
-    return Planner(env, nodes_for_instance_type(instance_type, nodes, mig_profile=mig_profile)).run(
-        manifests.claims, manifests.pods)
+    return Planner(env, nodes_for_instance_type(instance_type, nodes, mig_profile=mig_profile)).run(manifests.pods)
 
 
 def devices_of(result: PlanResult, name: str) -> list[tuple[str, str]]:
@@ -438,7 +437,7 @@ def test_an_error_on_any_node_stops_the_pod_like_kube_scheduler(tmp_path):
     env = CelEnvironment()
     manifests = load_manifests([CLASSES, path], env)
     nodes = number_nodes(nodes_for_instance_type("g5.48xlarge", 1) + nodes_for_instance_type("p5.48xlarge", 1))
-    result = Planner(env, nodes).run(manifests.claims, manifests.pods)
+    result = Planner(env, nodes).run(manifests.pods)
     assert reason_of(result, "all").startswith("claim default/all: number of requested devices 33 exceeds the claim "
                                                "limit of 32")
 
@@ -462,6 +461,33 @@ def test_json_list_input(tmp_path):
     path.write_text(json.dumps(listing))
     env = CelEnvironment()
     manifests = load_manifests([CLASSES, path], env)
-    result = Planner(env, nodes_for_instance_type("p5.48xlarge", 1)).run(manifests.claims, manifests.pods)
+    result = Planner(env, nodes_for_instance_type("p5.48xlarge", 1)).run(manifests.pods)
     assert [(c.name, c.allocated) for c in result.claims] == [("aligned", True), ("two", True)]
     assert devices_of(result, "two") == [("g", "gpu-1"), ("g", "gpu-2")]
+
+
+def test_daemonset_gets_one_pod_per_node_with_admin_access(tmp_path):
+    # The canonical admin-access workload: a monitoring agent on every GPU node, next to the jobs' claims.
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "all-gpus-admin", "namespace": "monitoring"},
+                "spec": {"spec": {"devices": {"requests": [
+                    exact("gpus", "gpu.eks-dra.io", mode="All", adminAccess=True)]}}}}
+    daemonset = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "dcgm", "namespace": "monitoring"},
+                 "spec": {"template": {"spec": {
+                     "tolerations": [{"operator": "Exists"}],
+                     "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "all-gpus-admin"}],
+                     "containers": [{"name": "c", "image": "x"}]}}}}
+    result = plan(tmp_path, "p5.48xlarge", claim("job", exact("gpus", "gpu.eks-dra.io", 8)), template, daemonset,
+                  nodes=2)
+    assert [(c.name, c.node) for c in result.claims] == [
+        ("job", "p5.48xlarge-0"), ("dcgm-p5.48xlarge-0-gpus", "p5.48xlarge-0"),
+        ("dcgm-p5.48xlarge-1-gpus", "p5.48xlarge-1")]
+    assert len(result.claims[1].devices) == 8  # shares the job's GPUs
+
+
+def test_pod_bound_to_a_node(tmp_path):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+           "spec": {"nodeName": "p5.48xlarge-1", "tolerations": [{"operator": "Exists"}],
+                    "resourceClaims": [{"name": "g", "resourceClaimName": "one"}], "containers": []}}
+    result = plan(tmp_path, "p5.48xlarge", claim("one", exact("gpu", "gpu.eks-dra.io")), pod, nodes=2)
+    assert result.claims[0].node == "p5.48xlarge-1"

@@ -37,6 +37,7 @@ CLASSES = {name: DeviceClass(name, (ENV.compile(expr, f"DeviceClass {name}"),), 
            for name, (expr, _) in CLASS_SELECTORS.items()}
 SELECTORS = {name: ENV.compile(expr, f"selector {name}") for name, (expr, _) in REQUEST_SELECTORS.items()}
 CONSTRAINT_ATTRS = (ROOT, "a.example.com/b")
+_KEYS = itertools.count()  # every generated claim spec is distinct for the planner's failure memo
 
 
 def selects(request: DeviceRequest, device) -> bool:
@@ -80,7 +81,7 @@ def claims(draw, name: str):
         MatchAttribute(draw(st.sampled_from(CONSTRAINT_ATTRS)), tuple(draw(st.lists(st.sampled_from(names),
                                                                                     max_size=2, unique=True))), k)
         for k in range(draw(st.integers(0, 2))))
-    return PlanClaim(name, "default", ClaimSpec(tuple(requests), constraints, key=name), SRC)
+    return PlanClaim(name, "default", ClaimSpec(tuple(requests), constraints, key=f"{name}#{next(_KEYS)}"), SRC)
 
 
 def make_node(specs, name="node-0"):
@@ -171,7 +172,7 @@ def test_every_allocation_is_valid_and_exclusive(node_specs, plan_claims):
     for i, c in enumerate(plan_claims):
         c.name = f"claim-{i}"
     pods = [PlanPod(c.name, "default", [c], SRC, implicit=True) for c in plan_claims]
-    result = Planner(ENV, nodes).run(list(plan_claims), pods)
+    result = Planner(ENV, nodes).run(pods)
     owners: dict[tuple[str, str], str] = {}
     by_name = {(n.name, d.name): d for n in nodes for d in n.devices}
     for claim in result.claims:

@@ -1,7 +1,8 @@
 """Load manifests (multi-document YAML or JSON, List kinds) into DeviceClasses, claims and pods.
 
 Kinds read: DeviceClass, ResourceClaim, ResourceClaimTemplate (resource.k8s.io v1, v1beta2, and the flat
-v1beta1 request shape), Pod, and the pod templates of Deployment, ReplicaSet, StatefulSet, Job and CronJob.
+v1beta1 request shape), Pod, and the pod templates of Deployment, ReplicaSet, StatefulSet, Job, CronJob and
+DaemonSet (one pod per node it may run on, expanded by the planner).
 Anything else (Services, RBAC, driver DaemonSets, ...) is skipped. Every problem raises UserError naming the
 file, the object and the field.
 """
@@ -39,7 +40,7 @@ MAX_SELECTORS = 32
 MAX_SUBREQUESTS = 8  # FirstAvailableDeviceRequestMaxSize
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUALIFIED = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z_][A-Za-z0-9_]*$")
-_WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job", "CronJob")
+_WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job", "CronJob", "DaemonSet")
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: 10x faster
 
@@ -47,8 +48,7 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when ava
 @dataclass
 class Manifests:
     classes: dict[str, DeviceClass] = field(default_factory=dict)
-    claims: list[PlanClaim] = field(default_factory=list)  # in plan order
-    pods: list[PlanPod] = field(default_factory=list)  # in plan order
+    pods: list[PlanPod] = field(default_factory=list)  # in plan order; they hold the claims
 
 
 @dataclass
@@ -298,6 +298,8 @@ def _pod_count(doc: _Doc) -> tuple[dict, int]:
         parallelism = spec.get("parallelism", 1)
         completions = spec.get("completions")
         count = min(parallelism, completions) if isinstance(completions, int) else parallelism
+    elif doc.kind == "DaemonSet":
+        count = 1  # a prototype: the planner makes one pod per node
     else:
         count = spec.get("replicas", 1)
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
@@ -353,8 +355,9 @@ def load_manifests(paths: list[Path], env: CelEnvironment) -> Manifests:
             continue
         where = f"{doc.source()}: {'spec' if doc.kind == 'Pod' else 'pod template spec'}"
         for i in range(count):
-            pod_name = doc.name if doc.kind == "Pod" else f"{doc.name}-{i}"
+            pod_name = doc.name if doc.kind in ("Pod", "DaemonSet") else f"{doc.name}-{i}"
             pod_claims: list[PlanClaim] = []
+            daemon_templates: list[tuple[str, ClaimSpec, Source]] = []
             for j, entry in enumerate(_Loader._list(entries, f"{where}.resourceClaims")):
                 entry = _Loader._mapping(entry, f"{where}.resourceClaims[{j}]")
                 claim_name, template_name = entry.get("resourceClaimName"), entry.get("resourceClaimTemplateName")
@@ -376,12 +379,17 @@ def load_manifests(paths: list[Path], env: CelEnvironment) -> Manifests:
                                         f"ResourceClaimTemplate {doc.namespace}/{template_name} is not in the given files")
                     used_templates.add((doc.namespace, template_name))
                     tdoc, tspec = found_t
-                    pod_claims.append(PlanClaim(f"{pod_name}-{entry.get('name')}", doc.namespace, tspec,
-                                                tdoc.source()))
+                    if doc.kind == "DaemonSet":
+                        daemon_templates.append((str(entry.get("name")), tspec, tdoc.source()))
+                    else:
+                        pod_claims.append(PlanClaim(f"{pod_name}-{entry.get('name')}", doc.namespace, tspec,
+                                                    tdoc.source()))
             pod = PlanPod(pod_name, doc.namespace, pod_claims, doc.source(),
                           node_selector={str(k): str(v) for k, v in (pod_spec.get("nodeSelector") or {}).items()},
                           affinity_terms=_affinity(pod_spec, where),
-                          tolerations=_tolerations(pod_spec.get("tolerations"), where))
+                          tolerations=_tolerations(pod_spec.get("tolerations"), where),
+                          node_name=pod_spec.get("nodeName") if doc.kind == "Pod" else None,
+                          daemon_templates=tuple(daemon_templates) if doc.kind == "DaemonSet" else None)
             units.append((doc.order, pod))
     for key, (doc, claim) in claims.items():
         if key not in used_claims:
@@ -391,12 +399,4 @@ def load_manifests(paths: list[Path], env: CelEnvironment) -> Manifests:
             claim = PlanClaim(doc.name, doc.namespace, tspec, doc.source())
             units.append((doc.order, PlanPod(doc.name, doc.namespace, [claim], doc.source(), implicit=True)))
     units.sort(key=lambda u: u[0])
-    pods = [pod for _, pod in units]
-    ordered_claims: list[PlanClaim] = []
-    listed: set[int] = set()
-    for pod in pods:
-        for claim in pod.claims:
-            if id(claim) not in listed:
-                listed.add(id(claim))
-                ordered_claims.append(claim)
-    return Manifests(loader.classes, ordered_claims, pods)
+    return Manifests(loader.classes, [pod for _, pod in units])

@@ -77,7 +77,7 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
         files = args.claims
     env = CelEnvironment()
     manifests = load_manifests(list(files), env)
-    return Planner(env, nodes).run(manifests.claims, manifests.pods)
+    return Planner(env, nodes).run(manifests.pods)
 
 
 def run(args: argparse.Namespace) -> int:

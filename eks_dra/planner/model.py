@@ -136,9 +136,12 @@ class PlanPod:
     # requiredDuringScheduling node affinity: OR of terms, each an AND of requirements.
     affinity_terms: tuple[tuple[NodeSelectorRequirement, ...], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
+    node_name: str | None = None  # spec.nodeName: bound to one node
+    # DaemonSet: one pod per node it may run on; these claims come from templates, one per pod.
+    daemon_templates: tuple[tuple[str, ClaimSpec, Source], ...] | None = None
     node: str | None = None
     reason: str | None = None
 
     @property
     def scheduling_key(self) -> tuple:
-        return (tuple(sorted(self.node_selector.items())), self.affinity_terms, self.tolerations)
+        return (tuple(sorted(self.node_selector.items())), self.affinity_terms, self.tolerations, self.node_name)

@@ -11,7 +11,7 @@ there again: such nodes are skipped without another search.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .allocator import AllocationError, Matcher, NodeSearch
 from .cel_env import CelEnvironment
@@ -122,13 +122,37 @@ class Planner:
         self._failed: dict[tuple, set[int]] = {}
         self._layout_errors: dict[tuple, str | None] = {}
 
-    def run(self, claims: list[PlanClaim], pods: list[PlanPod]) -> PlanResult:
-        result = PlanResult(claims, pods, self.nodes)
-        for pod in pods:
-            self.schedule(pod)
-            if pod.reason and all(c.allocated for c in pod.claims):
-                result.warnings.append(f"pod {pod.namespace}/{pod.name}: {pod.reason}")
-        return result
+    def run(self, pods: list[PlanPod]) -> PlanResult:
+        """Schedule the pods in order; the result lists every claim once, in the order pods first use them."""
+        scheduled: list[PlanPod] = []
+        claims: list[PlanClaim] = []
+        listed: set[int] = set()
+        warnings: list[str] = []
+        for prototype in pods:
+            for pod in self._expand(prototype):
+                scheduled.append(pod)
+                for claim in pod.claims:
+                    if id(claim) not in listed:
+                        listed.add(id(claim))
+                        claims.append(claim)
+                self.schedule(pod)
+                if pod.reason and all(c.allocated for c in pod.claims):
+                    warnings.append(f"pod {pod.namespace}/{pod.name}: {pod.reason}")
+        return PlanResult(claims, scheduled, self.nodes, warnings)
+
+    def _expand(self, pod: PlanPod) -> list[PlanPod]:
+        """A DaemonSet prototype becomes one pod per node it may run on, bound to that node."""
+        if pod.daemon_templates is None:
+            return [pod]
+        out = []
+        for node in self.nodes:
+            if placement_problem(pod, node) is not None:
+                continue
+            name = f"{pod.name}-{node.name}"
+            claims = list(pod.claims) + [PlanClaim(f"{name}-{entry}", pod.namespace, spec, source)
+                                         for entry, spec, source in pod.daemon_templates]
+            out.append(replace(pod, name=name, claims=claims, node_name=node.name, daemon_templates=None))
+        return out
 
     def schedule(self, pod: PlanPod) -> None:
         pending = [c for c in pod.claims if not c.allocated]
@@ -137,6 +161,12 @@ class Planner:
             self._fail(pod, pending, f"its shared claims are allocated on different nodes ({', '.join(pinned)})")
             return
         placeable = self.nodes if pod.implicit else [n for n in self.nodes if placement_problem(pod, n) is None]
+        if pod.node_name:
+            pinned = sorted({*pinned, pod.node_name})
+            if len(pinned) > 1:
+                self._fail(pod, pending, f"it is bound to node {pod.node_name}, its shared claims are on "
+                                         f"{', '.join(n for n in pinned if n != pod.node_name)}")
+                return
         candidates = [n for n in placeable if not pinned or n.name == pinned[0]]
         if not candidates:
             self._fail(pod, pending, self._placement_reason(pod, pinned))
@@ -203,8 +233,10 @@ class Planner:
 
     def _placement_reason(self, pod: PlanPod, pinned: list[str]) -> str:
         if pinned:
-            node = next(n for n in self.nodes if n.name == pinned[0])
-            return (f"its shared claim is allocated on node {node.name}, where the pod may not run: "
+            node = next((n for n in self.nodes if n.name == pinned[0]), None)
+            if node is None:
+                return f"it is bound to node {pinned[0]}, which is not in the plan"
+            return (f"it must run on node {node.name} (bound there, or its shared claim is), where it may not run: "
                     f"{placement_problem(pod, node)}")
         seen: dict[tuple, str] = {}
         for node in self.nodes:
