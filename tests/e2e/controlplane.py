@@ -248,6 +248,22 @@ class KubeletStandIn:
         entries = [json.loads(line) for line in lines if line.strip()]
         return [e for e in entries if event is None or e.get("event") == event]
 
+    def wait_registered(self, driver: str, count: int = 1, timeout: float = 60) -> dict:
+        """Wait until `driver` registered successfully `count` times in total; return that event.
+
+        Registration events: {"event": "register", "driver", "endpoint", "versions", ["error"]} and
+        {"event": "deregister", "driver", "endpoint"}.
+        """
+
+        def registered():
+            ok = [e for e in self.events("register") if e["driver"] == driver and not e.get("error")]
+            return ok[count - 1] if len(ok) >= count else None
+
+        try:
+            return wait_until(registered, timeout, what=f"registration #{count} of {driver} on {self.node}")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; kubelet log {self.log_path}:\n{self.log_tail()}") from exc
+
     def __enter__(self) -> KubeletStandIn:
         return self.start()
 

@@ -374,6 +374,9 @@ class ExampleNode:
 def test_kubelet_stand_in_prepares_and_unprepares(example_node):
     ex = example_node
     ex.start_plugin()
+    registration = ex.kubelet.wait_registered(EXAMPLE_DRIVER)
+    assert registration["versions"] == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert registration["endpoint"] == str(ex.kubelet.plugins_dir / EXAMPLE_DRIVER / "dra.sock")
     pod, claim = ex.run_pod("workload")
     assert 'chosenService="v1.DRAPlugin"' in ex.kubelet.log_path.read_text()
     uid = claim["metadata"]["uid"]
@@ -395,6 +398,7 @@ def test_kubelet_stand_in_prepares_and_unprepares(example_node):
 def test_kubelet_stand_in_falls_back_to_v1beta1(example_node):
     ex = example_node
     ex.start_plugin("--no-v1")
+    assert ex.kubelet.wait_registered(EXAMPLE_DRIVER)["versions"] == ["v1beta1.DRAPlugin"]
     pod, claim = ex.run_pod("legacy")
     assert json.loads(pod["metadata"]["annotations"][PREPARED_ANNOTATION]) == ex.expected_annotation(claim)
     assert 'chosenService="v1beta1.DRAPlugin"' in ex.kubelet.log_path.read_text()
@@ -407,6 +411,7 @@ def test_kubelet_restart_unprepares_pods_deleted_while_down(example_node):
     ex.kubelet.stop()
     ex.core.delete_namespaced_pod("survivor", ex.ns)  # graceful: waits for the kubelet
     ex.kubelet.start()  # the checkpoint remembers the prepared claim
+    ex.kubelet.wait_registered(EXAMPLE_DRIVER, count=2)  # the running plugin registers again
     unprepared = wait_until(lambda: ex.unprepare_events(claim), 60, what="unprepare after kubelet restart")
     assert unprepared[0]["errors"] == {}
     wait_until(lambda: ex.claim_gone(claim), 60, what="generated claim deleted after the pod finished")

@@ -35,6 +35,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	draplugin "k8s.io/kubernetes/pkg/kubelet/cm/dra/plugin"
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
+	pluginmanagercache "k8s.io/kubernetes/pkg/kubelet/pluginmanager/cache"
 	"k8s.io/utils/ptr"
 )
 
@@ -156,7 +157,7 @@ func runKubelet(args []string) error {
 		}
 	}()
 	pm := pluginmanager.NewPluginManager(*registryDir, recorder)
-	pm.AddHandler(registerapi.DRAPlugin, s.plugins)
+	pm.AddHandler(registerapi.DRAPlugin, reportingHandler{PluginHandler: s.plugins, s: s})
 	go pm.Run(allReady{}, ctx.Done())
 
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -292,6 +293,36 @@ func (s *standIn) wipeSlices(ctx context.Context) error {
 	return retry.OnError(retry.DefaultBackoff, func(error) bool { return ctx.Err() == nil }, func() error {
 		return s.client.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: sel})
 	})
+}
+
+// reportingHandler adds "register"/"deregister" lines to the report around the
+// kubelet's own handler, so tests can wait for a driver to be usable.
+type reportingHandler struct {
+	pluginmanagercache.PluginHandler
+	s *standIn
+}
+
+func (h reportingHandler) ValidatePlugin(name, endpoint string, versions []string) error {
+	err := h.PluginHandler.ValidatePlugin(name, endpoint, versions)
+	if err != nil {
+		h.s.appendReport(map[string]any{"event": "register", "driver": name, "endpoint": endpoint, "versions": versions, "error": err.Error()})
+	}
+	return err
+}
+
+func (h reportingHandler) RegisterPlugin(name, endpoint string, versions []string, timeout *time.Duration) error {
+	err := h.PluginHandler.RegisterPlugin(name, endpoint, versions, timeout)
+	entry := map[string]any{"event": "register", "driver": name, "endpoint": endpoint, "versions": versions}
+	if err != nil {
+		entry["error"] = err.Error()
+	}
+	h.s.appendReport(entry)
+	return err
+}
+
+func (h reportingHandler) DeRegisterPlugin(name, endpoint string) {
+	h.PluginHandler.DeRegisterPlugin(name, endpoint)
+	h.s.appendReport(map[string]any{"event": "deregister", "driver": name, "endpoint": endpoint})
 }
 
 func (s *standIn) podChanged(obj any, deleted bool) {
