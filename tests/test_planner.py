@@ -491,3 +491,16 @@ def test_pod_bound_to_a_node(tmp_path):
                     "resourceClaims": [{"name": "g", "resourceClaimName": "one"}], "containers": []}}
     result = plan(tmp_path, "p5.48xlarge", claim("one", exact("gpu", "gpu.eks-dra.io")), pod, nodes=2)
     assert result.claims[0].node == "p5.48xlarge-1"
+
+
+def test_a_directory_of_manifests_and_bad_json(tmp_path, capsys):
+    folder = tmp_path / "manifests"
+    folder.mkdir()
+    (folder / "classes.yaml").write_text(CLASSES.read_text())
+    (folder / "claim.json").write_text(json.dumps(GPU_EFA_ALIGNED))
+    (folder / "notes.txt").write_text("not a manifest")
+    assert cli.main(["plan", "--instance-type", "p5.48xlarge", "--claims", str(folder)]) == 0
+    capsys.readouterr()
+    (folder / "broken.json").write_text('{"kind": ')
+    assert cli.main(["plan", "--instance-type", "p5.48xlarge", "--claims", str(folder)]) == 2
+    assert "broken.json:1: not valid JSON" in capsys.readouterr().err

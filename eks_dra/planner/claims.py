@@ -78,21 +78,38 @@ class _Doc:
         return Source(self.file, self.kind, self.name or "<unnamed>", self.namespace if namespaced else None)
 
 
+def _expand(paths: list[Path]) -> list[Path]:
+    """Files as given; a directory stands for its *.yaml, *.yml and *.json files (like kubectl apply -f)."""
+    out: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            out.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml", ".json") and p.is_file()))
+        else:
+            out.append(path)
+    return out
+
+
 def read_documents(paths: list[Path]) -> list[_Doc]:
     """Every object in the files, List kinds flattened, in file and document order."""
     docs: list[_Doc] = []
-    for path in paths:
+    for path in _expand(paths):
         try:
             text = path.read_text()
         except OSError as exc:
             raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        try:
-            loaded = list(yaml.load_all(text, Loader=_YAML_LOADER))
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"{path}:{mark.line + 1}" if mark else str(path)
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise UserError(f"{where}: not valid YAML or JSON: {problem}") from None
+        if path.suffix == ".json":
+            try:
+                loaded = [json.loads(text)]
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+        else:
+            try:
+                loaded = list(yaml.load_all(text, Loader=_YAML_LOADER))
+            except yaml.YAMLError as exc:
+                mark = getattr(exc, "problem_mark", None)
+                where = f"{path}:{mark.line + 1}" if mark else str(path)
+                problem = getattr(exc, "problem", None) or str(exc)
+                raise UserError(f"{where}: not valid YAML or JSON: {problem}") from None
         for i, obj in enumerate(loaded):
             if obj is None:
                 continue
