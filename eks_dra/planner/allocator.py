@@ -21,8 +21,6 @@ from .model import DeviceRequest, MatchAttribute, PlanClaim, Request
 from .simulate import SimDevice, SimNode
 
 MAX_RESULTS_PER_CLAIM = 32  # AllocationResultsMaxSize
-
-
 MAX_SEARCH_STEPS = 1_000_000  # stands in for kube-scheduler's DRA filter timeout (10 s)
 
 
