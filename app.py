@@ -15,6 +15,7 @@ from cdk_nag import AwsSolutionsChecks
 
 from eks_dra.config import EnvironmentConfig, load_environment, load_pipeline
 from eks_dra.errors import UserError
+from eks_dra.stacks.manifests import write_manifests
 
 # Relative when run from the repository root, so that error messages name `config/dev.yaml`.
 CONFIG_DIR = Path(os.path.relpath(Path(__file__).resolve().parent / "config"))
@@ -37,20 +38,10 @@ def build_app(app: cdk.App, config_dir: Path = CONFIG_DIR, manifests_dir: Path |
         _print_warnings(env)
         stacks.append(ClusterStack(app, f"EksDra-{env.name}", env))
         if manifests_dir is not None:
-            _write_manifests(env, manifests_dir / env.name)
+            write_manifests(env, manifests_dir / env.name)
     # cdk-nag 3 is a policy-validation plugin: findings without an acknowledgement fail the synth.
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return stacks
-
-
-def _write_manifests(env: EnvironmentConfig, out_dir: Path) -> None:
-    try:
-        from eks_dra.stacks.manifests import write_manifests
-    except ModuleNotFoundError as exc:
-        if exc.name != "eks_dra.stacks.manifests":
-            raise
-        return
-    write_manifests(env, out_dir)
 
 
 def _print_warnings(*envs: EnvironmentConfig) -> None:

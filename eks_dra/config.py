@@ -359,6 +359,10 @@ class _Loader:
         for i, arn in enumerate(admins):
             if not isinstance(arn, str) or not re.match(r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/.+", arn):
                 self.fail(f"clusterAdminRoleArns[{i}]", f"{arn!r} is not an IAM role ARN (arn:aws:iam::ACCOUNT:role/NAME)")
+        if driver_image is None and any(g.architecture == "arm64" and any(
+                g.manager(f) == "dra" and drivers.implementation(f) == "python" for f in g.families) for g in groups):
+            self.warn("driverImage", "the driver image eks-dra builds is linux/amd64; arm64 DRA node groups (e.g. "
+                      "p6e-gb200) need driverImage set to a multi-arch image")
         if not any(g.accelerator_family is None for g in groups):
             self.warn("nodeGroups", "no system (non-accelerator) node group: CoreDNS and the drivers' controllers "
                       "will not schedule on tainted accelerator nodes; add one, e.g. m7i.xlarge")

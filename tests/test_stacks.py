@@ -262,3 +262,40 @@ def test_manifests_are_applied_in_chart_order():
     assert any("DeviceClass" in m["Properties"]["Manifest"] for m in manifests.values())
     dist = synth_environment("dev").outdir / "dist" / "dev"
     assert sorted(p.name for p in dist.glob("*.k8s.yaml"))
+
+
+def test_driver_image_asset_and_upstream_helm_chart(tmp_path, monkeypatch):
+    """With a Dockerfile the stack builds the driver image as an asset and the DaemonSets use it; a family
+    served by the vendor driver is a Helm chart applied before the cdk8s charts."""
+    import aws_cdk as cdk
+
+    from eks_dra.stacks import cluster_stack
+
+    context = tmp_path / "context"
+    (context / "eks_dra").mkdir(parents=True)
+    (context / "Dockerfile").write_text("FROM scratch\n")
+    (context / "eks_dra" / "__init__.py").write_text("")
+    (context / "node_modules").mkdir()
+    (context / "node_modules" / "big.js").write_text("x")
+    monkeypatch.setattr(cluster_stack, "REPO_ROOT", context)
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "img.yaml").write_text(
+        "region: us-east-2\ndrivers: {gpu: upstream}\nnodeGroups:\n"
+        "  - {name: system, instanceType: m7i.large}\n  - {name: g6e, instanceType: g6e.48xlarge}\n")
+    outdir = tmp_path / "out"
+    app = cdk.App(outdir=str(outdir))
+    cluster_stack.ClusterStack(app, "Img", load_environment("img", config))
+    app.synth()
+    assets = json.loads((outdir / "Img.assets.json").read_text())
+    assert len(assets["dockerImages"]) == 1
+    staged = outdir / f"asset.{next(iter(assets['dockerImages']))}"
+    assert sorted(p.name for p in staged.iterdir()) == ["Dockerfile", "eks_dra"]
+    template = json.loads((outdir / "Img.template.json").read_text())
+    helm = resources(template, "Custom::AWSCDK-EKS-HelmChart")
+    assert [h["Properties"]["Chart"] for h in helm.values()] == ["dra-driver-nvidia-gpu"]
+    manifests = resources(template, "Custom::AWSCDK-EKS-KubernetesResource")
+    first = next(k for k, m in manifests.items() if not any(d in manifests for d in m.get("DependsOn", [])))
+    assert next(iter(helm)) in manifests[first]["DependsOn"]
+    efa_driver = json.dumps(next(m for k, m in manifests.items() if "DriverEfa" in k)["Properties"]["Manifest"])
+    assert "dkr.ecr" in efa_driver and "container-assets" in efa_driver

@@ -7,7 +7,6 @@ availability zones are written down (never looked up).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from aws_cdk import Environment, Stack, Tags
@@ -24,6 +23,7 @@ from eks_dra.constructs import (
     AcceleratorNodeGroupProps,
     NodeTaint,
 )
+from eks_dra.stacks.manifests import build_k8s_app, upstream_helm_charts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The driver image's build context: only these paths are staged into cdk.out (never .venv or node_modules).
@@ -153,10 +153,6 @@ class ClusterStack(Stack):
     def _add_manifests(self) -> list:
         """Apply the vendor Helm charts (drivers: <family>: upstream), then the environment's cdk8s charts
         (drivers, DeviceClasses, device plugins, samples), each after the previous one."""
-        if importlib.util.find_spec("eks_dra.stacks.manifests") is None:
-            return []
-        from eks_dra.stacks.manifests import build_k8s_app, upstream_helm_charts
-
         applied: list = []
         for spec in upstream_helm_charts(self.env_config):
             applied.append(self.cluster.add_helm_chart(
