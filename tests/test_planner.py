@@ -417,7 +417,7 @@ def test_bad_input_exits_2_naming_file_object_and_field(tmp_path, capsys, name, 
     (["--instance-type", "p5.48xlarge", "--mig-profile", "9g.1tb", "--claims", str(CLASSES)],
      "MIG profile '9g.1tb' does not exist"),
     (["--instance-type", "p5.48xlarge"], "--claims FILE... is required"),
-    ([], "give --instance-type T"),
+    ([], "give --instance-type T or --slices FILE..."),
     (["--instance-type", "p5.48xlarge", "--nodes", "0", "--claims", str(CLASSES)], "--nodes must be at least 1"),
 ])
 def test_bad_command_lines_exit_2(capsys, args, message):

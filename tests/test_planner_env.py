@@ -129,3 +129,22 @@ def test_planner_commands_do_not_import_the_cdk():
             "print(','.join(bad)); sys.exit(1 if bad else 0)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert run.returncode == 0, f"planner imports {run.stdout.strip()} {run.stderr[-2000:]}"
+
+
+def test_plan_on_published_resource_slices(tmp_path, capsys):
+    # The same slices a cluster (or the drivers) publish: what `eks-dra slices` prints for two nodes.
+    assert cli.main(["slices", "--instance-type", "p5.48xlarge", "--nodes", "2", "--node-name", "ip-10-0-0"]) == 0
+    slices = tmp_path / "slices.yaml"
+    slices.write_text(capsys.readouterr().out)
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(yaml.safe_dump_all([_claim("all-eight", "gpu.eks-dra.io", 8), _claim("more", "gpu.eks-dra.io", 2)]))
+    assert cli.main(["plan", "--slices", str(slices), "--claims", str(CLASSES), str(claims), "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)["claims"]
+    assert [(c["node"], c["devices"][0]["pool"]) for c in out] == [("ip-10-0-0-0", "ip-10-0-0-0"),
+                                                                     ("ip-10-0-0-1", "ip-10-0-0-1")]
+    cluster_wide = tmp_path / "net.yaml"
+    cluster_wide.write_text(yaml.safe_dump({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                                            "metadata": {"name": "net"},
+                                            "spec": {"driver": "x.io", "allNodes": True, "pool": {"name": "p"}}}))
+    assert cli.main(["plan", "--slices", str(cluster_wide), "--claims", str(claims)]) == 2
+    assert "net.yaml: ResourceSlice net: spec.nodeName: only node-local slices" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
     eks-dra plan --instance-type p5.48xlarge --nodes 2 --claims claims.yaml [--output json]
     eks-dra plan -c env=dev          # the environment's DRA node groups and dist/dev/*.k8s.yaml
+    eks-dra plan --slices slices.yaml --claims claims.yaml   # the nodes of published ResourceSlices
 
 Exit codes: 0 every claim allocated, 1 at least one is not, 2 bad input.
 """
@@ -16,11 +17,11 @@ from pathlib import Path
 from eks_dra.errors import UserError
 
 from .cel_env import CelEnvironment
-from .claims import load_manifests
+from .claims import load_manifests, read_documents
 from .options import driver_names
 from .plan import Planner, PlanResult
 from .report import to_json, to_table
-from .simulate import nodes_for_environment, nodes_for_instance_type
+from .simulate import nodes_for_environment, nodes_for_instance_type, nodes_from_slices
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +29,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=1, help="number of simulated nodes (default 1)")
     parser.add_argument("--claims", nargs="+", type=Path, metavar="FILE",
                         help="YAML/JSON manifests: DeviceClasses, ResourceClaims, ResourceClaimTemplates, workloads")
+    parser.add_argument("--slices", nargs="+", type=Path, metavar="FILE",
+                        help="plan on the nodes of these ResourceSlices instead of simulated ones")
     parser.add_argument("--mig-profile", help="static MIG: every GPU split into this profile (e.g. 1g.10gb)")
     parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
     parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE",
@@ -68,12 +71,16 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
             if not files:
                 raise UserError(f"{dist} holds no *.k8s.yaml manifests: run `make synth ENV={env_name}`")
     else:
-        if not args.instance_type:
-            raise UserError("give --instance-type T (with --claims FILE...) or -c env=NAME")
+        if bool(args.instance_type) == bool(args.slices):
+            raise UserError("give --instance-type T or --slices FILE... (with --claims FILE...), or -c env=NAME")
         if not args.claims:
-            raise UserError("--claims FILE... is required with --instance-type")
-        nodes = nodes_for_instance_type(args.instance_type, args.nodes, names=driver_names(args.driver_name),
-                                        mig_profile=args.mig_profile)
+            raise UserError("--claims FILE... is required with --instance-type and --slices")
+        if args.slices:
+            nodes = nodes_from_slices([(d.obj, str(d.source(namespaced=False))) for d in read_documents(args.slices)
+                                       if d.kind == "ResourceSlice"])
+        else:
+            nodes = nodes_for_instance_type(args.instance_type, args.nodes, names=driver_names(args.driver_name),
+                                            mig_profile=args.mig_profile)
         files = args.claims
     env = CelEnvironment()
     manifests = load_manifests(list(files), env)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from eks_dra.catalog import UnknownInstanceType, get_instance_type
-from eks_dra.devices import DEFAULT_DRIVER_NAMES, AttributeValue, DriverNames, Version, simulate_node
+from eks_dra.devices import DEFAULT_DRIVER_NAMES, AttributeValue, Device, DriverNames, Version, simulate_node
 from eks_dra.errors import UserError
 
 if TYPE_CHECKING:
@@ -160,4 +160,33 @@ def nodes_for_environment(env: EnvironmentConfig) -> list[SimNode]:
             nodes.append(simulate_plan_node(group.instance_type, f"{group.name}-{i}", names=env.drivers.names,
                                             mig_profile=group.mig_profile, families=families, group=group.name,
                                             labels=labels, taints=taints))
+    return number_nodes(nodes)
+
+
+def nodes_from_slices(slices: list[tuple[dict, str]]) -> list[SimNode]:
+    """Nodes from published ResourceSlices (e.g. `kubectl get resourceslices -o yaml` of a real cluster),
+    one node per spec.nodeName in order of appearance; (object, where) pairs name the source in errors."""
+    per_node: dict[str, list[SimDevice]] = {}
+    for obj, where in slices:
+        spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+        node_name, driver = spec.get("nodeName"), spec.get("driver")
+        pool = (spec.get("pool") or {}).get("name")
+        if not node_name:
+            raise UserError(f"{where}: spec.nodeName: only node-local slices can be planned "
+                            "(allNodes and nodeSelector pools are not supported)")
+        if not isinstance(driver, str) or not isinstance(pool, str):
+            raise UserError(f"{where}: spec.driver and spec.pool.name are required")
+        devices = per_node.setdefault(node_name, [])
+        for i, raw in enumerate(spec.get("devices") or []):
+            try:
+                device = Device.from_api(raw)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                raise UserError(f"{where}: spec.devices[{i}]: not a valid device (name, attributes, capacity)") from None
+            devices.append(sim_device(driver, pool, device.name, device.attributes, device.capacity))
+    nodes = []
+    for name, devices in per_node.items():
+        # Published nodes may differ from each other: each is its own layout, named by itself in messages.
+        node = sim_node(name, f"node {name}", devices)
+        del node.labels["node.kubernetes.io/instance-type"]
+        nodes.append(node)
     return number_nodes(nodes)
