@@ -614,6 +614,9 @@ class _Loader:
         if not inst.gpu.mig_capable:
             self.fail(f"{p}.migProfile", f"{inst.gpu.product_name} ({g.instance_type}) is not MIG-capable; remove "
                       "migProfile or use p4d/p4de/p5/p5e/p5en/p6-b200")
+        if g.ami_family == "bottlerocket":
+            self.fail(f"{p}.migProfile", "static MIG is created at boot by an AL2023 script; Bottlerocket's MIG "
+                      "settings belong to its bundled device plugin; set amiFamily: al2023")
         known = [m.name for m in inst.gpu.mig_profiles]
         if g.mig_profile not in known:
             self.fail(f"{p}.migProfile", f"{g.mig_profile!r} is not a MIG profile of {inst.gpu.product_name}; "

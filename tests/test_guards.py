@@ -127,6 +127,8 @@ def test_mig_profile_guards(tmp_path):
         tmp_path, group("instanceType: g6e.48xlarge, migProfile: 1g.5gb"))
     assert "'1g.5gb' is not a MIG profile of NVIDIA H100 80GB HBM3; use one of: 1g.10gb" in error(
         tmp_path, group("instanceType: p5.48xlarge, migProfile: 1g.5gb"))
+    assert "static MIG is created at boot by an AL2023 script" in error(
+        tmp_path, group("instanceType: p4d.24xlarge, amiFamily: bottlerocket, migProfile: 1g.5gb"))
     assert "trn2.48xlarge has no NVIDIA GPU; remove migProfile" in error(
         tmp_path, group("instanceType: trn2.48xlarge, migProfile: 1g.5gb"))
 

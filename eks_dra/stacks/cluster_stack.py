@@ -135,7 +135,7 @@ class ClusterStack(Stack):
             reservation_id=group.capacity.reservation_id,
             disable_nvidia_device_plugin=bottlerocket and gpu_dra,
             neuron_device_ownership=bottlerocket and neuron,
-            mig_profile=group.mig_profile if not bottlerocket else None,
+            mig_profile=group.mig_profile,
             root_volume_gib=200 if group.instance is not None else 50,
         )
 
