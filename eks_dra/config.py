@@ -198,7 +198,8 @@ class EnvironmentConfig:
         elif group.accelerator_family == "neuron":
             taints.append(Taint(NEURON_TAINT, "true", "NoSchedule"))
         for family in group.families:
-            if group.manager(family) == "dra":
+            # Only our own drivers remove the readiness taint; a vendor driver would leave the node unschedulable.
+            if group.manager(family) == "dra" and getattr(self.drivers, family) == "python":
                 driver = self.drivers.names.for_family(family)  # type: ignore[arg-type]
                 taints.append(Taint(f"{driver}/not-ready", "true", "NoSchedule"))
         return tuple(taints)

@@ -117,6 +117,15 @@ def test_custom_driver_names_drive_the_readiness_taints(tmp_path):
     assert "gpu.example.com/not-ready" in [t.key for t in env.node_taints(env.node_groups[1])]
 
 
+def test_upstream_drivers_get_no_readiness_taint(tmp_path):
+    # Vendor drivers never remove our <driver>/not-ready taint, so it must not be set for them.
+    env = load(tmp_path, "drivers: {gpu: upstream}\nnodeGroups:\n" + SYSTEM +
+               "  - {name: p5, instanceType: p5.48xlarge}\n")
+    keys = [t.key for t in env.node_taints(env.node_groups[1])]
+    assert "gpu.eks-dra.io/not-ready" not in keys
+    assert "efa.eks-dra.io/not-ready" in keys and "nvidia.com/gpu" in keys
+
+
 def test_existing_vpc(tmp_path):
     env = load(tmp_path, """\
         region: us-east-2
