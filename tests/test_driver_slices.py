@@ -78,26 +78,30 @@ def test_idle_driver_makes_no_writes(cluster):
 
 
 def test_deleted_slices_come_back_even_at_hostile_moments(cluster):
+    """200 deletions: right after a (re)create, a little later, during watch reconnects and after the
+    watch's resourceVersion was compacted away (410). Every one is put back within 15 s."""
     kube, make_node, start = cluster
     n = make_node()
     driver = start(n, "efa")
-    wait_for(lambda: len(devices_in(kube, "node-a", EFA)) == 32, what="slices")
+    wait_for(lambda: kube.device_count("node-a", EFA) == 32, what="slices")
     name = kube.slices_of("node-a", EFA)[0]["metadata"]["name"]
+    rng = random.Random(3)
     worst = 0.0
     for i in range(200):
         if i % 20 == 3:
             kube.drop_watches()  # during a watch reconnect
         if i % 20 == 11:
             kube.compact()  # the watch's resourceVersion is gone: 410
-        wait_for(lambda: kube.slices_of("node-a", EFA), what="slice present")
-        time.sleep(random.choice([0, 0, 0.01, 0.05]))  # right after the create, or a bit later
+        wait_for(lambda: kube.device_count("node-a", EFA) == 32, timeout=15, interval=0.002, what="slice present")
+        time.sleep(rng.choice([0, 0, 0, 0.005, 0.02]))  # right after the create, or a bit later
         start_t = time.monotonic()
         assert kube.delete_slice(name)
-        wait_for(lambda: len(devices_in(kube, "node-a", EFA)) == 32, timeout=15, what=f"recreate #{i}")
+        wait_for(lambda: kube.device_count("node-a", EFA) == 32, timeout=15, interval=0.002, what=f"recreate #{i}")
         worst = max(worst, time.monotonic() - start_t)
     assert worst < 15
+    assert kube.writes[("resourceslices", "update")] == 0  # put back as it was: create only, same generation
     gens = {s["spec"]["pool"]["generation"] for s in kube.slices_of("node-a", EFA)}
-    assert gens == {driver.publisher._generation}
+    assert gens == {driver.publisher._generation} == {1}
 
 
 def test_api_outage_is_retried(cluster):

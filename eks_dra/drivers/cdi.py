@@ -88,7 +88,9 @@ def build_spec(driver: str, claim_uid: str, devices: list[DeviceEdits], common_d
 class CdiDir:
     """The driver's specs in one CDI directory."""
 
-    def __init__(self, root: Path, driver: str, durable: bool = True) -> None:
+    def __init__(self, root: Path, driver: str, durable: bool = False) -> None:
+        # No fsync by default: a spec lost with the page cache is lost in a power cut, i.e. a reboot, after
+        # which the boot-id check rewrites every spec anyway (and /var/run/cdi is a tmpfs).
         self.root = Path(root)
         self.driver = driver
         self.durable = durable

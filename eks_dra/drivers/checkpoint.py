@@ -178,10 +178,12 @@ class CheckpointStore:
         self._cache = (raw, cp)
         return cp
 
-    def save(self, cp: Checkpoint, version: int = CURRENT_VERSION) -> None:
+    def save(self, cp: Checkpoint, version: int = CURRENT_VERSION, durable: bool = True) -> None:
+        """Atomically replace the file; `durable` also fsyncs it (needed only for what must survive power loss:
+        a process crash keeps the page cache)."""
         raw = encode(cp, self.driver, self.node_name, version)
         try:
-            atomic_write(self.path, raw, 0o600, self.durable)
+            atomic_write(self.path, raw, 0o600, self.durable and durable)
         except OSError:
             self._cache = None  # callers mutate the cached object: force a re-read
             raise

@@ -48,6 +48,10 @@ class DeviceSetup:
     def for_node(cls, family: str) -> DeviceSetup:
         return cls(family, _run if family == "gpu" and shutil.which("nvidia-smi") else None)
 
+    def changes_hardware(self, settings) -> bool:
+        """Whether apply() would change device state that must be reverted (not just recorded)."""
+        return self.runner is not None and any(s.time_slice_interval is not None for s in settings)
+
     @property
     def mode(self) -> str:
         return "nvidia-smi" if self.runner else "recorded"

@@ -98,7 +98,7 @@ class Driver:
         state_dir.mkdir(parents=True, exist_ok=True)
         self.lock = NodeLock(state_dir, cfg.lock_timeout_s)
         self.store = CheckpointStore(state_dir, cfg.driver_name, cfg.node_name, durable=cfg.durable)
-        self.cdi = CdiDir(cfg.cdi_root, cfg.driver_name, durable=cfg.durable)
+        self.cdi = CdiDir(cfg.cdi_root, cfg.driver_name)
         self.state = DeviceState(driver=cfg.driver_name, family=cfg.family, node_name=cfg.node_name, api=api,
                                  inventory=self.inventory, store=self.store, cdi=self.cdi,
                                  setup=DeviceSetup.for_node(cfg.family), lock=self.lock, metrics=self.metrics,

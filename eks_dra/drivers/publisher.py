@@ -129,41 +129,42 @@ class SlicePublisher:
         backoff = BACKOFF_START_S
         rv = ""
         while not self._stop.is_set():
+            opened = time.monotonic()
+            received = 0
             try:
                 if not rv:
                     rv = self._relist()
-                opened = time.monotonic()
+                    opened = time.monotonic()
                 for event in self.api.watch_slices(self.selector, rv, self.watch_timeout_s):
                     if self._stop.is_set():
                         return
                     kind, obj = event.get("type"), event.get("object") or {}
+                    received += kind != "ERROR"
                     if kind == "ERROR":
                         if obj.get("code") == 410:  # our version was compacted away: relist
                             rv = ""
-                        else:
-                            raise ApiError(int(obj.get("code") or 0), obj.get("message", "watch error"))
-                        break
+                            break
+                        raise ApiError(int(obj.get("code") or 0), obj.get("message", "watch error"))
                     new_rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if new_rv:
                         rv = new_rv
-                    if kind == "BOOKMARK":
-                        continue
-                    self._apply_event(kind, obj)
-                if time.monotonic() - opened < 1.0:  # a server that ends watches at once: do not spin
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, BACKOFF_MAX_S)
-                else:
-                    backoff = BACKOFF_START_S
+                    if kind != "BOOKMARK":
+                        self._apply_event(kind, obj)
+                failed = False
             except ApiError as exc:
+                failed = True
                 self.metrics.api_errors.labels(self.driver, "watch_slices").inc()
-                log.warning("slice watch failed; retrying", extra={"error": str(exc)})
+                log.warning("slice watch failed", extra={"error": str(exc)})
                 if exc.status == 410:
                     rv = ""
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
             except Exception:  # noqa: BLE001 - keep watching whatever happens
+                failed = True
                 log.exception("slice watch crashed; relisting")
                 rv = ""
+            if received or time.monotonic() - opened >= 1.0:
+                backoff = BACKOFF_START_S  # the watch worked, then ended or broke: resume at once from rv
+                continue
+            if failed or rv:  # failing, or a server that ends watches at once: back off, do not spin
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
 

@@ -7,9 +7,11 @@ Prepare of one claim:
      node (pool = node name) or naming devices this node does not have or that are unhealthy; decode the
      opaque configs strictly;
   3. (node lock) refuse devices recorded for another claim (a forged or racing double allocation), record
-     PrepareStarted, apply device settings, write the CDI spec, record PrepareCompleted.
+     PrepareStarted when a hardware setting is about to change, apply device settings, write the CDI spec,
+     record PrepareCompleted (fsynced) and only then answer the kubelet.
 A crash between any two steps leaves a state that the next prepare (or the reconciler) repairs: a
-PrepareStarted record keeps its devices reserved until its claim is prepared again or goes away.
+PrepareStarted record keeps its devices reserved and its settings revertible until its claim is prepared
+again or goes away; a CDI spec without a record is rewritten by the retry or removed by the reconciler.
 Unprepare: revert settings, remove the spec, drop the record; an unknown claim is not an error.
 """
 
@@ -179,7 +181,13 @@ class DeviceState:
         rec = ClaimRecord(ref.uid, ref.namespace, ref.name, PREPARE_STARTED, prepared, "",
                           {"requested": requested})
         cp.claims[ref.uid] = rec
-        self.store.save(cp)
+        if self.setup.changes_hardware(p.settings for p in planned):
+            # A crash after touching the device must leave a record that reverts it. It need not survive power
+            # loss (a reboot resets the device, and the kubelet was never told "prepared"): no fsync.
+            self.store.save(cp, durable=False)
+        # Without hardware changes a crash before the Completed write leaves at most a CDI spec without a
+        # record: nothing was promised to the kubelet, its retry rewrites the spec, the reconciler removes it
+        # if no retry comes. Completed is fsynced before the kubelet hears of it.
         self._apply(rec)
         rec.state = PREPARE_COMPLETED
         self.store.save(cp)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import socket
 import threading
 import time
 import uuid
@@ -111,6 +112,12 @@ class FakeKube:
             return [copy.deepcopy(s) for s in self.slices.values() if s["spec"].get("nodeName") == node
                     and (driver is None or s["spec"]["driver"] == driver)]
 
+    def device_count(self, node: str, driver: str) -> int:
+        """Devices in a node's slices of one driver (cheap: no copies, for tight polling loops)."""
+        with self.lock:
+            return sum(len(s["spec"].get("devices") or []) for s in self.slices.values()
+                       if s["spec"].get("nodeName") == node and s["spec"]["driver"] == driver)
+
     def drop_watches(self) -> None:
         with self.lock:
             self.watch_generation += 1
@@ -183,6 +190,11 @@ def _handler(kube: FakeKube):
 
         def log_message(self, *args) -> None:
             pass
+
+        def setup(self) -> None:
+            super().setup()
+            # as Go's net/http does: without it Nagle + delayed ACK add 40 ms to every response
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def _send(self, code: int, body: dict) -> None:
             data = json.dumps(body).encode()
