@@ -415,3 +415,32 @@ def test_kubelet_restart_unprepares_pods_deleted_while_down(example_node):
     unprepared = wait_until(lambda: ex.unprepare_events(claim), 60, what="unprepare after kubelet restart")
     assert unprepared[0]["errors"] == {}
     wait_until(lambda: ex.claim_gone(claim), 60, what="generated claim deleted after the pod finished")
+
+
+def test_kubelet_shares_a_claim_between_pods(example_node):
+    """A claim used by two pods is prepared once and unprepared only after the last pod is gone."""
+    ex = example_node
+    ex.start_plugin()
+    ex.resource.create_namespaced_resource_claim(
+        ex.ns,
+        {"metadata": {"name": "shared"},
+         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": ex.device_class}}]}}},
+    )  # fmt: skip
+    for name in ("first", "second"):
+        _, pod = claim_template_and_pod(ex.ns, name, ex.device_class, node=ex.node)
+        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "shared"}]
+        ex.core.create_namespaced_pod(ex.ns, pod)
+    for name in ("first", "second"):
+        wait_until(lambda n=name: as_dict(ex.core.read_namespaced_pod, n, ex.ns)["status"].get("phase") == "Running",
+                   60, what=f"pod {name} Running")  # fmt: skip
+    claim = as_dict(ex.resource.read_namespaced_resource_claim, "shared", ex.ns)
+    assert sorted(r["name"] for r in claim["status"]["reservedFor"]) == ["first", "second"]
+    assert len([e for e in ex.kubelet.events("prepare") if not e["errors"]]) == 1
+
+    ex.core.delete_namespaced_pod("first", ex.ns)
+    wait_until(lambda: not [p for p in as_dict(ex.core.list_namespaced_pod, ex.ns)["items"]
+                            if p["metadata"]["name"] == "first"], 60, what="first pod gone")  # fmt: skip
+    assert ex.unprepare_events(claim) == []
+    ex.core.delete_namespaced_pod("second", ex.ns)
+    unprepared = wait_until(lambda: ex.unprepare_events(claim), 60, what="unprepare after the last pod")
+    assert unprepared[0]["pod"] == f"{ex.ns}/second"

@@ -77,6 +77,9 @@ type standIn struct {
 	report    string
 	stateFile string
 
+	// callMu serializes prepare/unprepare rounds so that pods sharing a claim
+	// never race between "prepared once" and "unprepared after the last pod".
+	callMu sync.Mutex
 	mu     sync.Mutex
 	claims map[types.UID]*claimState
 	pods   map[types.UID]*v1.Pod // latest view of pods on this node
@@ -420,6 +423,8 @@ func (s *standIn) prepare(ctx context.Context, pod *v1.Pod) (map[types.UID]*clai
 	if len(pod.Spec.ResourceClaims) == 0 {
 		return nil, nil
 	}
+	s.callMu.Lock()
+	defer s.callMu.Unlock()
 	var claims []podClaim
 	for i := range pod.Spec.ResourceClaims {
 		pc := &pod.Spec.ResourceClaims[i]
@@ -647,6 +652,8 @@ func setPodCondition(p *v1.Pod, c v1.PodCondition) {
 // unprepare releases the pod's claims; a claim is unprepared (one
 // NodeUnprepareResources call per driver) once no other pod uses it.
 func (s *standIn) unprepare(ctx context.Context, uid types.UID, pod *v1.Pod) error {
+	s.callMu.Lock()
+	defer s.callMu.Unlock()
 	s.mu.Lock()
 	podName := ""
 	byDriver := map[string][]*claimState{}
