@@ -103,6 +103,14 @@ class _Process:
             return "(no log)"
 
     def wait_for(self, path: Path, timeout: float) -> None:
+        """Wait for the process to write `path`; on failure stop it and raise with the log's tail."""
+        try:
+            self._wait_for(path, timeout)
+        except Exception:
+            self.stop(timeout=10)
+            raise
+
+    def _wait_for(self, path: Path, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not path.exists():
             if self.proc is None or self.proc.poll() is not None:
@@ -139,11 +147,18 @@ class ControlPlane:
     kubeconfigs and tokens handed out before stay valid.
     """
 
-    def __init__(self, binary: Path, dir: Path, etcd_dir: Path | None = None, ready_timeout: float = 180):
+    def __init__(self, binary: Path, dir: Path | None = None, etcd_dir: Path | None = None, ready_timeout: float = 180):
         self.binary = Path(binary)
+        self.ready_timeout = ready_timeout
+        self.dir: Path | None = None
+        self.etcd_dir: Path | None = None
+        self._proc: _Process | None = None
+        if dir is not None:
+            self._set_dirs(Path(dir), etcd_dir)
+
+    def _set_dirs(self, dir: Path, etcd_dir: Path | None) -> None:
         self.dir = Path(dir)
         self.etcd_dir = Path(etcd_dir) if etcd_dir else self.dir / "etcd"
-        self.ready_timeout = ready_timeout
         self._proc = _Process("e2e-cluster up", self.dir / "up.log")
 
     @property
@@ -158,7 +173,14 @@ class ControlPlane:
     def server(self) -> str:
         return (self.dir / "ready").read_text().strip()
 
-    def start(self) -> ControlPlane:
+    def start(self, dir: Path | None = None, etcd_dir: Path | None = None) -> ControlPlane:
+        """Start `up`; `dir`/`etcd_dir` may be given here instead of to the constructor."""
+        if dir is not None:
+            if self._proc is not None and self._proc.running:
+                raise RuntimeError("stop the control plane before starting it in another directory")
+            self._set_dirs(Path(dir), etcd_dir)
+        if self.dir is None:
+            raise ValueError("ControlPlane needs a state directory (constructor or start(dir))")
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "ready").unlink(missing_ok=True)
         self._proc.spawn([str(self.binary), "up", "--dir", str(self.dir), "--etcd-dir", str(self.etcd_dir)])
@@ -166,6 +188,8 @@ class ControlPlane:
         return self
 
     def stop(self) -> None:
+        if self._proc is None:
+            return
         code = self._proc.stop()
         if code not in (None, 0):
             raise RuntimeError(f"e2e-cluster up exited with code {code}; log {self.log_path}:\n{self._proc.log_tail()}")
@@ -175,7 +199,7 @@ class ControlPlane:
         self.start()
 
     def log_tail(self, lines: int = 40) -> str:
-        return self._proc.log_tail(lines)
+        return self._proc.log_tail(lines) if self._proc else "(not started)"
 
     def kubeconfig_data(self) -> dict:
         return yaml.safe_load(self.kubeconfig.read_text())
