@@ -3,8 +3,10 @@ during 200 prepare/unprepare cycles."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -24,6 +26,10 @@ from eks_dra.drivers.checkpoint import CheckpointStore
 from eks_dra.drivers.readiness import taint_key
 
 GPU = DRIVERS["gpu"]
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def free_port() -> int:
@@ -98,7 +104,15 @@ def test_entry_point_starts_fast_without_cdk_and_sigterm_is_clean(proc_env):
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err[-2000:]
     modules = json.loads(err.split("MODULES ", 1)[1].splitlines()[0].replace("'", '"'))
-    assert not {"aws_cdk", "jsii", "cdk8s", "constructs", "cdk_nag"} & set(modules)
+    assert not {"aws_cdk", "jsii", "cdk8s", "constructs", "cdk_nag", "boto3", "botocore"} & set(modules)
+    # every third-party module the running driver loaded comes from the image's runtime subset (Dockerfile)
+    runtime = re.search(r'runtime="([^"]+)"', (REPO / "Dockerfile").read_text().replace("\\\n", "")).group(1)
+    allowed = {canonical(n) for n in runtime.split()}
+    owners = importlib.metadata.packages_distributions()
+    optional = {"eks_dra", "grpc_tools", "_distutils_hack"}  # grpc tries grpc_tools; setuptools' .pth hook
+    foreign = {m: owners[m] for m in modules if m in owners and m not in optional
+               and not {canonical(d) for d in owners[m]} & allowed}
+    assert not foreign, f"modules from outside the image's runtime subset: {foreign}"
     assert registered < 2.0 + 1.0, registered  # target 2 s; slack for 2 busy CPUs
     assert published - registered < 2.0
     # SIGTERM: own sockets gone, slices, taint state and checkpoint untouched
