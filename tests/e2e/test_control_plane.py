@@ -46,6 +46,10 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
+def unique_driver() -> str:
+    return f"{unique('static')}.e2e.example.com"
+
+
 def make_namespace(core: client.CoreV1Api, name: str) -> str:
     core.create_namespace({"metadata": {"name": name}})
     # The serviceaccount controller (kube-controller-manager) must create "default" before pods are admitted.
@@ -132,16 +136,17 @@ def test_scheduler_allocates_device_from_slice(core, resource):
     ns = make_namespace(core, unique("e2e-sched"))
     node = unique("node-static")
     make_ready_node(core, node)
+    driver = unique_driver()  # only this test's slice matches its class, whatever else the cluster holds
     dc = unique("static-gpu")
-    device_class(resource, dc, STATIC_DRIVER)
-    resource.create_resource_slice(slice_body(unique("slice"), node, STATIC_DRIVER, ["gpu-0", "gpu-1"]))
+    device_class(resource, dc, driver)
+    resource.create_resource_slice(slice_body(unique("slice"), node, driver, ["gpu-0", "gpu-1"]))
     template, pod = claim_template_and_pod(ns, "workload", dc)
     resource.create_namespaced_resource_claim_template(ns, template)
     core.create_namespaced_pod(ns, pod)
 
     claim = generated_claim(core, resource, ns, "workload")
     results = claim["status"]["allocation"]["devices"]["results"]
-    assert [(r["driver"], r["pool"]) for r in results] == [(STATIC_DRIVER, node)]
+    assert [(r["driver"], r["pool"]) for r in results] == [(driver, node)]
     assert results[0]["device"] in {"gpu-0", "gpu-1"}
     assert claim["metadata"]["ownerReferences"][0]["name"] == "workload"  # made by the resourceclaim controller
     assert [r["name"] for r in claim["status"]["reservedFor"]] == ["workload"]
@@ -155,14 +160,15 @@ def test_dra_beta_features_are_on_as_in_1_34(core, resource):
     ns = make_namespace(core, unique("e2e-gates"))
     node = unique("node-gates")
     make_ready_node(core, node)
+    driver = unique_driver()
     dc = unique("gates-gpu")
-    device_class(resource, dc, STATIC_DRIVER)
-    resource.create_resource_slice(slice_body(unique("slice"), node, STATIC_DRIVER, ["gpu-0"]))
+    device_class(resource, dc, driver)
+    resource.create_resource_slice(slice_body(unique("slice"), node, driver, ["gpu-0"]))
     resource.create_namespaced_resource_claim(
         ns,
         {"metadata": {"name": "prioritized"},
          "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
-             {"name": "missing", "deviceClassName": dc, "selectors": [{"cel": {"expression": "device.attributes['" + STATIC_DRIVER + "'].model == 'nope'"}}]},
+             {"name": "missing", "deviceClassName": dc, "selectors": [{"cel": {"expression": "device.attributes['" + driver + "'].model == 'nope'"}}]},
              {"name": "any", "deviceClassName": dc},
          ]}]}}},
     )  # fmt: skip
