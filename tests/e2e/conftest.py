@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from controlplane import MIN_GO, ControlPlane, KubeletStandIn, ensure_binary, go_available, go_version
+from controlplane import MIN_GO, ControlPlane, KubeletStandIn, ensure_binary, go_available, go_version, sa_kubeconfig
 
 E2E_DIR = Path(__file__).resolve().parent
 NO_GO = "e2e: Go toolchain not found on PATH; install Go >= 1.24 to run the real-control-plane tier"
@@ -77,3 +77,14 @@ def kubelet_factory(e2e_binary, control_plane):
     yield start
     for k in started:
         k.stop()
+
+
+@pytest.fixture
+def sa_kubeconfig_factory(e2e_binary, control_plane, tmp_path):
+    """make(namespace, serviceaccount, node) -> kubeconfig of a token bound to a placeholder pod on node."""
+
+    def make(namespace: str, serviceaccount: str, node: str) -> Path:
+        out = tmp_path / f"{namespace}-{serviceaccount}-{node}.kubeconfig"
+        return sa_kubeconfig(e2e_binary, control_plane.kubeconfig, namespace, serviceaccount, node, out)
+
+    return make

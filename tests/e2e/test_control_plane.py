@@ -11,7 +11,7 @@ import subprocess
 import uuid
 
 import pytest
-from controlplane import PREPARED_ANNOTATION, sa_kubeconfig, wait_until
+from controlplane import PREPARED_ANNOTATION, wait_until
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
@@ -228,7 +228,7 @@ def slice_policy(ns: str, sa: str) -> dict:
     }  # fmt: skip
 
 
-def test_slice_policy_limits_driver_token_to_its_node(control_plane, api, core, resource, tmp_path):
+def test_slice_policy_limits_driver_token_to_its_node(control_plane, api, core, resource, sa_kubeconfig_factory):
     ns, sa = unique("e2e-drv"), "driver"
     node_a, node_b = unique("node-a"), unique("node-b")
     rbac = client.RbacAuthorizationV1Api(api)
@@ -253,9 +253,7 @@ def test_slice_policy_limits_driver_token_to_its_node(control_plane, api, core, 
         {"metadata": {"name": ns}, "spec": {"policyName": ns, "validationActions": ["Deny"]}}
     )
 
-    kubeconfig = sa_kubeconfig(
-        control_plane.binary, control_plane.kubeconfig, ns, sa, node_a, tmp_path / "sa.kubeconfig"
-    )
+    kubeconfig = sa_kubeconfig_factory(ns, sa, node_a)
     as_driver = client.ResourceV1Api(config.new_client_from_config(str(kubeconfig)))
 
     # Own node: allowed (retried until RBAC and the policy are picked up by the apiserver).
