@@ -239,3 +239,55 @@ def test_publisher_splits_large_pools_and_bumps_generation():
         pub.stop()
     finally:
         kube.close()
+
+
+def test_device_plugin_appearing_later_withdraws_slices_and_taints(cluster):
+    kube, make_node, start = cluster
+    n = make_node(taints=[NOT_READY])
+    driver = start(n, "gpu", resync_interval_s=0.3)
+    wait_for(lambda: kube.device_count("node-a", GPU) == 8 and kube.node_taints("node-a") == [], what="ready")
+    with kube.lock:
+        kube.nodes["node-a"]["status"]["allocatable"]["nvidia.com/gpu"] = "8"
+    wait_for(lambda: not kube.slices_of("node-a", GPU) and kube.node_taints("node-a") == [NOT_READY], timeout=5,
+             what="withdrawn and tainted")
+    assert driver.metrics.value("eks_dra_published_devices") == 0
+
+
+def test_device_driver_unloaded_retaints_then_recovers(cluster):
+    kube, make_node, start = cluster
+    efa_not_ready = {**NOT_READY, "key": taint_key(EFA)}
+    n = make_node(taints=[efa_not_ready])
+    driver = start(n, "efa")
+    wait_for(lambda: kube.device_count("node-a", EFA) == 32 and kube.node_taints("node-a") == [], what="ready")
+    fixture.unload_driver(n.host, "efa")
+    wait_for(lambda: kube.node_taints("node-a") == [efa_not_ready], timeout=5, what="re-tainted")
+    wait_for(lambda: any(r == "InventoryNotReady" for _, r, _ in driver.events.sent), timeout=5, what="event")
+    fixture.add_devices(n.host, "efa")
+    wait_for(lambda: kube.node_taints("node-a") == [] and kube.device_count("node-a", EFA) == 32, timeout=5,
+             what="untainted again, full inventory")
+    unhealthy = [t for t, r, _ in driver.events.sent if r == "DeviceUnhealthy"]
+    assert len(unhealthy) <= 2, "32 devices going down at once is one Event, not 32"
+
+
+def test_dra_health_stream_reports_every_device(cluster):
+    import grpc
+
+    from eks_dra.drivers.proto import dra_health_v1alpha1_pb2 as pb
+    from eks_dra.drivers.proto import dra_health_v1alpha1_pb2_grpc as pb_grpc
+
+    kube, make_node, start = cluster
+    n = make_node()
+    driver = start(n, "gpu", dra_health_stream=True)
+    with grpc.insecure_channel(f"unix://{driver.servers.dra_path}") as ch:
+        stream = pb_grpc.DRAResourceHealthStub(ch).NodeWatchResources(pb.NodeWatchResourcesRequest(), timeout=20)
+        first = next(stream)
+        assert len(first.devices) == 8
+        assert {d.device.pool_name for d in first.devices} == {"node-a"}
+        assert all(d.health == pb.HEALTHY for d in first.devices)
+        fixture.set_gpu_xid(n.host, 4, 79)
+        for msg in stream:
+            bad = [d.device.device_name for d in msg.devices if d.health == pb.UNHEALTHY]
+            if bad:
+                assert bad == ["gpu-4"] and len(msg.devices) == 8
+                break
+        stream.cancel()

@@ -231,15 +231,28 @@ class Driver:
 
     # ----- loops
     def _poll_inventory(self, rediscover: bool) -> None:
+        was_ready = self.inventory.ready
         changed, transitions = self.inventory.refresh(rediscover)
-        for t in transitions:
-            self.metrics.health_changes.labels(self.cfg.driver_name, "healthy" if t.healthy else "unhealthy").inc()
-            if t.healthy:
-                self.events.normal("DeviceHealthy", f"{self.cfg.driver_name}: device {t.device} is healthy again; "
-                                                    "published")
-            else:
-                self.events.warning("DeviceUnhealthy", f"{self.cfg.driver_name}: device {t.device} withdrawn from "
-                                                       f"the ResourceSlice: {t.reason}")
+        if was_ready and not self.inventory.ready:
+            self.events.warning("InventoryNotReady", f"{self.cfg.driver_name}: {self.inventory.reason}; node "
+                                                     "re-tainted, published slices left as they are")
+        for healthy in (False, True):
+            changes = [t for t in transitions if t.healthy is healthy]
+            if not changes:
+                continue
+            self.metrics.health_changes.labels(self.cfg.driver_name, "healthy" if healthy else "unhealthy").inc(
+                len(changes))
+            # one Event per device, or one for the lot when many change at once (a driver reload, a switch)
+            groups = [changes] if len(changes) > 3 else [[t] for t in changes]
+            for group in groups:
+                names = ", ".join(t.device for t in group)
+                if healthy:
+                    self.events.normal("DeviceHealthy", f"{self.cfg.driver_name}: device {names} healthy again; "
+                                                        "published")
+                else:
+                    self.events.warning("DeviceUnhealthy", f"{self.cfg.driver_name}: device {names} withdrawn from "
+                                                           f"the ResourceSlice: {group[0].reason}"
+                                                           + (f" (and {len(group) - 1} more)" if len(group) > 1 else ""))
         self.metrics.unhealthy_devices.labels(self.cfg.driver_name).set(len(self.inventory.unhealthy()))
         if changed or transitions:
             self.publisher.set_devices(self.inventory.published_devices())
@@ -250,7 +263,6 @@ class Driver:
 
     def _poll_loop(self) -> None:
         last_discovery = time.monotonic()
-        was_ready = self.inventory.ready
         while not self._stop.wait(self.cfg.health_interval_s):
             rediscover = (not self.inventory.ready
                           or time.monotonic() - last_discovery >= self.cfg.rediscover_interval_s)
@@ -260,11 +272,6 @@ class Driver:
                 log.exception("inventory poll failed")
             if rediscover:
                 last_discovery = time.monotonic()
-            if was_ready != self.inventory.ready:
-                was_ready = self.inventory.ready
-                if not was_ready:
-                    self.events.warning("InventoryNotReady", f"{self.cfg.driver_name}: {self.inventory.reason}")
-                    self.publisher.kick()
 
     def _node_loop(self) -> None:
         """The Node: its UID (slice owner), the device-plugin safety check; every resync interval."""

@@ -11,7 +11,8 @@
   the observed resourceVersion (optimistic concurrency); a 409 relists. The API being unreachable is
   retried with exponential backoff (0.2 s doubling to 10 s).
 - `set_devices(None)` (inventory not ready) publishes nothing and leaves existing slices alone: never an
-  empty or partial pool. `stop()` leaves the slices in place: a rolling update must not withdraw them.
+  empty or partial pool. `blocked` (the family's device plugin is on the node) withdraws our slices.
+  `stop()` leaves the slices in place: a rolling update must not withdraw them.
 """
 
 from __future__ import annotations
@@ -243,6 +244,8 @@ class SlicePublisher:
 
     def sync_once(self) -> bool:
         """Make the API match the desired slices; True when they match (no writes when they already do)."""
+        if self.blocked:
+            self._withdraw()
         want = self.desired()
         if want is None:
             self.in_sync.clear()
@@ -276,6 +279,19 @@ class SlicePublisher:
         if self.on_synced:
             self.on_synced(True)
         return True
+
+    def _withdraw(self) -> None:
+        """Publishing is refused (another manager owns these devices): take our slices back."""
+        with self._cond:
+            observed = dict(self._observed)
+        for name, o in observed.items():
+            try:
+                self.api.delete_slice(name, o["metadata"].get("resourceVersion"))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+            self._record_write("delete", name, None)
+        self.metrics.published_devices.labels(self.driver).set(0)
 
     def _record_write(self, op: str, name: str, obj: dict | None) -> None:
         self.writes += 1
