@@ -18,8 +18,7 @@ import urllib.request
 import grpc
 import pytest
 from drivers.fake_kube import FakeKube
-from drivers.harness import DRIVERS, REPO, DriverProcess, Node, make_claim, registration_socket, short_tmp, wait_for
-from drivers.kubelet import Kubelet
+from drivers.harness import DRIVERS, REPO, DriverProcess, Node, connect, make_claim, short_tmp, wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from eks_dra.drivers.checkpoint import CheckpointStore
@@ -57,20 +56,6 @@ def proc_env():
         p.close()
     kube.close()
     shutil.rmtree(base, ignore_errors=True)
-
-
-def connect(node, family="gpu", pod_uid=None, timeout=15.0) -> Kubelet:
-    sock = registration_socket(node, family, pod_uid)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if sock.exists():
-                return Kubelet(sock, timeout=10)
-        except grpc.RpcError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no plugin on {sock}")
-        time.sleep(0.02)
 
 
 def test_bad_flags_exit_2():
@@ -221,3 +206,18 @@ def test_kill_minus_nine_during_200_cycles(proc_env):
     assert list(node.cdi.glob("*.json")) == []
     assert list(node.cdi.glob(".*")) == []
     assert kills >= 15
+
+
+def test_newer_checkpoint_exit_3_with_a_clear_message(proc_env):
+    kube, node, spawn = proc_env
+    state = node.plugins / GPU
+    state.mkdir(parents=True)
+    doc = {"kind": "EksDraCheckpoint", "version": 99, "minReaderVersion": 99, "checksum": "sha256:x", "data": {}}
+    (state / "checkpoint.json").write_text(json.dumps(doc))
+    p = spawn()
+    assert p.proc.wait(30) == 3
+    p.log.flush()
+    log = (node.base / "driver-gpu.log").read_text()
+    assert "refusing to run" in log and "newer driver" in log and "Traceback" not in log
+    assert json.loads((state / "checkpoint.json").read_text()) == doc
+    wait_for(lambda: any(e["reason"] == "CheckpointTooNew" for e in kube.events), what="Warning Event")

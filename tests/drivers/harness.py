@@ -11,6 +11,8 @@ import time
 import uuid
 from pathlib import Path
 
+import grpc
+
 from eks_dra.drivers import discovery, fixture
 from eks_dra.drivers.driver import Driver, DriverConfig
 from eks_dra.drivers.health_sources import HealthMonitor
@@ -120,6 +122,21 @@ def kubelet_for(node: Node, family: str, pod_uid: str | None = None, timeout: fl
     sock = registration_socket(node, family, pod_uid)
     wait_for(sock.exists, timeout, what=f"{sock}")
     return Kubelet(sock)
+
+
+def connect(node: Node, family: str = "gpu", pod_uid: str | None = None, timeout: float = 15.0) -> Kubelet:
+    """A kubelet client as soon as the plugin answers on its registration socket (retries while it starts)."""
+    sock = registration_socket(node, family, pod_uid)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if sock.exists():
+                return Kubelet(sock, timeout=10)
+        except grpc.RpcError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no plugin on {sock}")
+        time.sleep(0.02)
 
 
 class DriverProcess:
