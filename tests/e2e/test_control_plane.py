@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import subprocess
 import uuid
+from datetime import datetime
+from itertools import pairwise
 
 import pytest
 from controlplane import PREPARED_ANNOTATION, wait_until
@@ -406,6 +408,21 @@ def test_kubelet_stand_in_falls_back_to_v1beta1(example_node):
     pod, claim = ex.run_pod("legacy")
     assert json.loads(pod["metadata"]["annotations"][PREPARED_ANNOTATION]) == ex.expected_annotation(claim)
     assert 'chosenService="v1beta1.DRAPlugin"' in ex.kubelet.log_path.read_text()
+
+
+def test_kubelet_retries_failed_prepares_with_backoff(example_node):
+    ex = example_node
+    ex.start_plugin("--fail-prepares", "2")
+    ex.kubelet.wait_registered(EXAMPLE_DRIVER)
+    pod, claim = ex.run_pod("flaky")
+    uid = claim["metadata"]["uid"]
+    attempts = [e for e in ex.kubelet.events("prepare") if e["claims"][0]["uid"] == uid]
+    assert [bool(e["errors"]) for e in attempts] == [True, True, False]
+    assert "injected prepare failure" in attempts[0]["errors"][uid]
+    times = [datetime.fromisoformat(e["time"][:26].rstrip("Z")) for e in attempts]
+    gaps = [(b - a).total_seconds() for a, b in pairwise(times)]
+    assert gaps[0] >= 0.4 and gaps[1] >= 0.9, gaps  # exponential backoff: 0.5 s, then 1 s
+    assert json.loads(pod["metadata"]["annotations"][PREPARED_ANNOTATION]) == ex.expected_annotation(claim)
 
 
 def test_kubelet_restart_unprepares_pods_deleted_while_down(example_node):

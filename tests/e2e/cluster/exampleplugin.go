@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -22,7 +23,8 @@ import (
 // library. It exists to prove the kubelet stand-in independently of eks-dra's
 // Python drivers: it publishes N devices and "prepares" by returning CDI ids.
 type examplePlugin struct {
-	driver string
+	driver       string
+	failPrepares atomic.Int64 // remaining prepare calls to fail (per-claim error)
 }
 
 func runExamplePlugin(args []string) error {
@@ -33,6 +35,7 @@ func runExamplePlugin(args []string) error {
 	registryDir := fs.String("registry-dir", "", "kubelet plugin registration directory (required)")
 	pluginsDir := fs.String("plugins-dir", "", "kubelet plugins directory; the DRA socket goes to PLUGINS/DRIVER/dra.sock (required)")
 	devices := fs.Int("devices", 2, "number of devices to publish")
+	failPrepares := fs.Int("fail-prepares", 0, "fail the first N prepare calls with a per-claim error (tests the kubelet's retries)")
 	noV1 := fs.Bool("no-v1", false, "serve only the v1beta1 DRA service (tests the kubelet's version negotiation)")
 	verbosity := fs.Int("v", 2, "klog verbosity")
 	_ = fs.Parse(args)
@@ -50,7 +53,9 @@ func runExamplePlugin(args []string) error {
 	if err := os.MkdirAll(dataDir, 0o750); err != nil {
 		return err
 	}
-	helper, err := kubeletplugin.Start(ctx, &examplePlugin{driver: *driver},
+	plugin := &examplePlugin{driver: *driver}
+	plugin.failPrepares.Store(int64(*failPrepares))
+	helper, err := kubeletplugin.Start(ctx, plugin,
 		kubeletplugin.KubeClient(client),
 		kubeletplugin.NodeName(*node),
 		kubeletplugin.DriverName(*driver),
@@ -84,6 +89,12 @@ func runExamplePlugin(args []string) error {
 
 func (p *examplePlugin) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	out := map[types.UID]kubeletplugin.PrepareResult{}
+	if p.failPrepares.Add(-1) >= 0 {
+		for _, c := range claims {
+			out[c.UID] = kubeletplugin.PrepareResult{Err: errors.New("injected prepare failure")}
+		}
+		return out, nil
+	}
 	for _, c := range claims {
 		var res kubeletplugin.PrepareResult
 		for _, r := range c.Status.Allocation.Devices.Results {

@@ -17,6 +17,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -168,8 +169,13 @@ func runKubelet(args []string) error {
 	}))
 	podInformer := factory.Core().V1().Pods().Informer()
 	_, _ = podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { s.podChanged(obj, false) },
-		UpdateFunc: func(_, obj any) { s.podChanged(obj, false) },
+		AddFunc: func(obj any) { s.podChanged(obj, false) },
+		UpdateFunc: func(old, obj any) {
+			if onlyMetadataChanged(old.(*v1.Pod), obj.(*v1.Pod)) {
+				return // e.g. our own annotation patch: nothing for the kubelet to do
+			}
+			s.podChanged(obj, false)
+		},
 		DeleteFunc: func(obj any) { s.podChanged(obj, true) },
 	})
 	factory.Start(ctx.Done())
@@ -328,6 +334,11 @@ func (h reportingHandler) DeRegisterPlugin(name, endpoint string) {
 	h.s.appendReport(map[string]any{"event": "deregister", "driver": name, "endpoint": endpoint})
 }
 
+func onlyMetadataChanged(old, pod *v1.Pod) bool {
+	return apiequality.Semantic.DeepEqual(old.Spec, pod.Spec) && apiequality.Semantic.DeepEqual(old.Status, pod.Status) &&
+		apiequality.Semantic.DeepEqual(old.DeletionTimestamp, pod.DeletionTimestamp)
+}
+
 func (s *standIn) podChanged(obj any, deleted bool) {
 	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = t.Obj
@@ -343,6 +354,9 @@ func (s *standIn) podChanged(obj any, deleted bool) {
 		s.pods[pod.UID] = pod
 	}
 	s.mu.Unlock()
+	if !deleted && podActive(pod) && s.queue.NumRequeues(pod.UID) > 0 {
+		return // a retry with backoff is pending; our own annotation patch must not skip it
+	}
 	s.queue.Add(pod.UID)
 }
 
