@@ -6,6 +6,7 @@ and only when e2e tests are selected. Without Go every e2e test skips with one l
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -64,9 +65,21 @@ def control_plane(e2e_binary, tmp_path_factory):
     cp.stop()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call":
+        item.e2e_call_failed = report.failed
+    return report
+
+
 @pytest.fixture
-def kubelet_factory(e2e_binary, control_plane):
-    """Start kubelet stand-ins for simulated nodes; all are stopped at the end of the test."""
+def kubelet_factory(e2e_binary, control_plane, request):
+    """Start kubelet stand-ins for simulated nodes; all are stopped at the end of the test.
+
+    Their directories (short /tmp paths, for unix socket limits) are removed when the test passed
+    and kept, with kubelet.log and report.jsonl, when it failed.
+    """
     started: list[KubeletStandIn] = []
 
     def start(node: str) -> KubeletStandIn:
@@ -77,6 +90,9 @@ def kubelet_factory(e2e_binary, control_plane):
     yield start
     for k in started:
         k.stop()
+    if getattr(request.node, "e2e_call_failed", True) is False:
+        for k in started:
+            shutil.rmtree(k.root, ignore_errors=True)
 
 
 @pytest.fixture
