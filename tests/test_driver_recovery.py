@@ -211,5 +211,5 @@ def test_wiped_cdi_dir_repaired_by_reconciler(node_env):
     claim = prepare(kube, node, "gpu", ["gpu-6"])
     path = spec_path(node, GPU, claim["metadata"]["uid"])
     path.unlink()
-    wait_for(path.exists, timeout=3, what="spec rewritten by the reconciler")
-    assert d.metrics.value("eks_dra_cdi_specs_rewritten_total") >= 1
+    wait_for(lambda: path.exists() and d.metrics.value("eks_dra_cdi_specs_rewritten_total") >= 1, timeout=3,
+             what="spec rewritten by the reconciler")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .cdi import CdiDir
@@ -67,8 +67,7 @@ class DriverConfig:
     resync_interval_s: float = 30.0
     dra_health_stream: bool = False
     lock_timeout_s: float = 30.0
-    durable: bool = True
-    extra: dict = field(default_factory=dict)
+    durable: bool = True  # fsync the checkpoint (tests turn it off for speed)
 
     @property
     def state_path(self) -> Path:
@@ -123,7 +122,10 @@ class Driver:
     def start(self) -> None:
         self.cdi.remove_stale_temporaries()
         self._load_checkpoint()
-        self._poll_inventory(rediscover=True)
+        try:
+            self._poll_inventory(rediscover=True)
+        except Exception:  # noqa: BLE001 - the poll loop retries; registration must not wait for devices
+            log.exception("first device discovery failed; retrying in the background")
         self.servers.start()
         if self.cfg.health_port >= 0:
             from .health import serve_liveness
@@ -221,7 +223,7 @@ class Driver:
             try:
                 planned = self.state.plan(ref, claim)
                 with self.lock.held():
-                    self.state._commit(ref, planned)
+                    self.state.commit(ref, planned)
                 rebuilt += 1
             except ClaimError as exc:
                 log.warning("could not rebuild claim", extra={"claim": ref.uid, "error": str(exc)})

@@ -23,6 +23,7 @@ import queue
 import threading
 import time
 import uuid
+from collections import deque
 
 from .kube import ApiError
 
@@ -38,7 +39,7 @@ class EventRecorder:
         self.node_name = node_name
         self.node_uid = ""
         self.component = component or driver
-        self.sent: list[tuple[str, str, str]] = []  # (type, reason, message) accepted for sending
+        self.sent: deque[tuple[str, str, str]] = deque(maxlen=1000)  # (type, reason, message), newest last
         self._recent: dict[tuple[str, str], float] = {}
         self._queue: queue.Queue = queue.Queue(maxsize=1000)
         self._thread = threading.Thread(target=self._run, name="events", daemon=True)
@@ -56,6 +57,8 @@ class EventRecorder:
         if now - self._recent.get(key, -DEDUP_SECONDS) < DEDUP_SECONDS:
             return
         self._recent[key] = now
+        if len(self._recent) > 1000:  # forget what is past the window: bounded memory on long runs
+            self._recent = {k: t for k, t in self._recent.items() if now - t < DEDUP_SECONDS}
         self.sent.append((type_, reason, message))
         log.log(logging.WARNING if type_ == "Warning" else logging.INFO, message, extra={"reason": reason})
         try:

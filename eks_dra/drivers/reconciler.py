@@ -110,7 +110,7 @@ class Reconciler:
             for rec in list(cp.claims.values()):
                 if rec.completed and not st.cdi.exists(rec.uid):
                     try:
-                        st._ensure_spec(rec)
+                        st.ensure_spec(rec)
                         counts["rewritten"] += 1
                     except ClaimError as exc:
                         log.error("cannot rewrite CDI spec", extra={"claim": rec.uid, "error": str(exc)})

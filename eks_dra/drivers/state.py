@@ -115,7 +115,7 @@ class DeviceState:
             with self.lock.held():
                 rec = self.store.load().claims.get(ref.uid)
                 if rec is not None and rec.completed:
-                    self._ensure_spec(rec)
+                    self.ensure_spec(rec)
                     return rec.devices
         try:
             claim = self.api.get_claim(ref.namespace, ref.name)
@@ -125,7 +125,7 @@ class DeviceState:
             raise ClaimError(f"cannot read the ResourceClaim: {exc}") from None
         planned = self.plan(ref, claim)
         with self.lock.held():
-            return self._commit(ref, planned)
+            return self.commit(ref, planned)
 
     def plan(self, ref: ClaimRef, claim: dict) -> list[PlannedDevice]:
         """Check the claim against this node and driver and decode its configs (no side effects)."""
@@ -164,11 +164,11 @@ class DeviceState:
             raise ClaimError("the allocation names the same device twice")
         return planned
 
-    def _commit(self, ref: ClaimRef, planned: list[PlannedDevice]) -> list[PreparedDevice]:
+    def commit(self, ref: ClaimRef, planned: list[PlannedDevice]) -> list[PreparedDevice]:
         cp = self.store.load()
         rec = cp.claims.get(ref.uid)
         if rec is not None and rec.completed:  # prepared meanwhile by another thread or process
-            self._ensure_spec(rec)
+            self.ensure_spec(rec)
             return rec.devices
         for p in planned:
             owner = cp.device_owner(p.device_name, except_uid=ref.uid)
@@ -218,7 +218,7 @@ class DeviceState:
         self.cdi.write(rec.uid, spec)
         rec.cdi_spec = self.cdi.path(rec.uid).name
 
-    def _ensure_spec(self, rec: ClaimRecord) -> None:
+    def ensure_spec(self, rec: ClaimRecord) -> None:
         """Rewrite a prepared claim's CDI spec if it is gone (tmpfs after reboot, wiped directory)."""
         if self.cdi.exists(rec.uid):
             return
