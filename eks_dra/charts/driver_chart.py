@@ -26,6 +26,8 @@ KUBELET_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 CDI_ROOT = "/var/run/cdi"
 HOST_ROOT = "/host"
 NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
+# A refused write is 403 Forbidden; without a reason the API server answers a failed validation with 422 Invalid.
+DENIED = "Forbidden"
 
 
 @dataclass(frozen=True)
@@ -159,14 +161,14 @@ class DriverChart(cdk8s.Chart):
                              expression="request.operation == 'DELETE' ? oldObject : object"),
             ],
             validations=[
-                k8s.Validation(expression="variables.userNodeName != ''",
+                k8s.Validation(reason=DENIED, expression="variables.userNodeName != ''",
                                message="no node is bound to this service account token; the driver must run in a "
                                        "pod on its node"),
-                k8s.Validation(expression="(has(variables.slice.spec.nodeName) ? variables.slice.spec.nodeName : '') == "
+                k8s.Validation(reason=DENIED, expression="(has(variables.slice.spec.nodeName) ? variables.slice.spec.nodeName : '') == "
                                           "variables.userNodeName",
                                message_expression="'this driver may only write ResourceSlices of node ' + "
                                                   "variables.userNodeName"),
-                k8s.Validation(expression=f"variables.slice.spec.driver == '{s.driver_name}'",
+                k8s.Validation(reason=DENIED, expression=f"variables.slice.spec.driver == '{s.driver_name}'",
                                message=f"this service account may only write ResourceSlices of driver {s.driver_name}"),
             ],
         )
@@ -187,12 +189,12 @@ class DriverChart(cdk8s.Chart):
                                                resources=["nodes"])],
             variables=[self._node_name_variable()],
             validations=[
-                k8s.Validation(expression="variables.userNodeName != '' && object.metadata.name == "
+                k8s.Validation(reason=DENIED, expression="variables.userNodeName != '' && object.metadata.name == "
                                           "variables.userNodeName",
                                message="this driver may only modify the node it runs on"),
-                k8s.Validation(expression=unchanged("spec.taints", "[]", f".filter(t, t.key != '{taint}')"),
+                k8s.Validation(reason=DENIED, expression=unchanged("spec.taints", "[]", f".filter(t, t.key != '{taint}')"),
                                message=only_taint),
-                k8s.Validation(expression=" && ".join([unchanged("spec.unschedulable", "false"),
+                k8s.Validation(reason=DENIED, expression=" && ".join([unchanged("spec.unschedulable", "false"),
                                                        unchanged("metadata.labels", "{}"),
                                                        unchanged("metadata.annotations", "{}")]),
                                message=only_taint),
