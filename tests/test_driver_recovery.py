@@ -213,3 +213,21 @@ def test_wiped_cdi_dir_repaired_by_reconciler(node_env):
     path.unlink()
     wait_for(lambda: path.exists() and d.metrics.value("eks_dra_cdi_specs_rewritten_total") >= 1, timeout=3,
              what="spec rewritten by the reconciler")
+
+
+def test_checkpoint_corrupted_while_running(node_env):
+    kube, node, start = node_env
+    d = start()
+    kept = prepare(kube, node, "gpu", ["gpu-0"])
+    d.store.path.write_text("{ this is not json")  # an editor, a disk error
+    claim = kube.put_claim(make_claim(GPU, "node-a", ["gpu-1"]))
+    k = kubelet_for(node, "gpu")
+    first = k.prepare([claim])[claim["metadata"]["uid"]]
+    assert "moved aside and rebuilt" in first.error
+    wait_for(lambda: k.prepare([claim])[claim["metadata"]["uid"]].error == "", timeout=10, what="retry succeeds")
+    assert len(list(d.store.path.parent.glob("checkpoint.json.corrupt-*"))) == 1
+    assert any(r == "CheckpointCorrupt" for _, r, _ in d.events.sent)
+    forged = kube.put_claim(make_claim(GPU, "node-a", ["gpu-0"]))
+    assert "already prepared" in k.prepare([forged])[forged["metadata"]["uid"]].error  # rebuilt from CDI
+    assert k.unprepare([kept, claim])[kept["metadata"]["uid"]].error == ""
+    k.close()

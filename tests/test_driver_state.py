@@ -295,3 +295,25 @@ def test_configs_unit_later_wins_and_subrequests():
     ], ["r/fast", "s"])
     assert out["r/fast"].time_slice_interval == "Long"
     assert out["s"].time_slice_interval == "Short"
+
+
+def test_time_slicing_commands_on_a_node_with_nvidia_smi():
+    """The real path, with the command runner recorded instead of executed (no GPU here)."""
+    from eks_dra.devices import Device
+    from eks_dra.drivers.configs import DeviceSettings
+    from eks_dra.drivers.device_setup import DeviceSetup
+
+    commands: list[list[str]] = []
+    setup = DeviceSetup("gpu", runner=commands.append)
+    gpu = Device("gpu-0", {"uuid": "GPU-aaa"})
+    mig = Device("gpu-1-mig-1g-10gb-0", {"uuid": "MIG-bbb", "parentUUID": "GPU-ccc"})
+    long, default = DeviceSettings(time_slice_interval="Long"), DeviceSettings()
+    assert setup.changes_hardware([long]) and not setup.changes_hardware([default])
+    env, applied = setup.apply([(gpu, long), (mig, DeviceSettings(time_slice_interval="Short"))])
+    assert commands == [["nvidia-smi", "compute-policy", "--set-timeslice=3", "-i", "GPU-aaa"],
+                        ["nvidia-smi", "compute-policy", "--set-timeslice=1", "-i", "GPU-ccc"]]  # MIG: its parent
+    assert applied["mode"] == "nvidia-smi" and env == {}
+    commands.clear()
+    setup.revert(applied)
+    assert commands == [["nvidia-smi", "compute-policy", "--set-timeslice=0", "-i", "GPU-aaa"],
+                        ["nvidia-smi", "compute-policy", "--set-timeslice=0", "-i", "GPU-ccc"]]

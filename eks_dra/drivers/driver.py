@@ -110,6 +110,8 @@ class Driver:
         self.publisher = SlicePublisher(api, cfg.driver_name, cfg.node_name, self.metrics,
                                         resync_s=cfg.resync_interval_s, on_synced=self._on_synced)
         self.reconciler = Reconciler(self.state, cfg.reconcile_interval_s)
+        self._corrupt_seen = threading.Event()
+        self.state.on_corrupt = self._corrupt_seen.set
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pending_reapply = False
@@ -153,12 +155,7 @@ class Driver:
                 self.events.flush(3)
                 raise FatalError(str(exc)) from None
             except CheckpointCorrupt as exc:
-                moved = self.store.quarantine()
-                self.metrics.checkpoint_corrupt.labels(self.cfg.driver_name).inc()
-                cp = self._rebuild_from_cdi(boot_id)
-                self.events.warning("CheckpointCorrupt", f"{self.cfg.driver_name}: {exc}; moved aside to {moved}; "
-                                                         f"state rebuilt from {len(cp.claims)} CDI specs and the API")
-                self._pending_rebuild = True
+                self._quarantine(exc, boot_id)
                 return
             if cp.version_read == 0:  # first start on this node
                 cp.boot_id = boot_id
@@ -173,6 +170,24 @@ class Driver:
             elif cp.version_read < 2:
                 self.store.save(cp)  # upgrade the file format in place
         self.metrics.prepared_claims.labels(self.cfg.driver_name).set(len(cp.claims))
+
+    def _quarantine(self, exc: CheckpointCorrupt, boot_id: str) -> None:
+        """Move a corrupt checkpoint aside (caller holds the lock) and start the rebuild."""
+        moved = self.store.quarantine()
+        self.metrics.checkpoint_corrupt.labels(self.cfg.driver_name).inc()
+        cp = self._rebuild_from_cdi(boot_id)
+        self.events.warning("CheckpointCorrupt", f"{self.cfg.driver_name}: {exc}; moved aside to {moved}; state "
+                                                 f"rebuilt from {len(cp.claims)} CDI specs and the API")
+        self._pending_rebuild = True
+
+    def _recover_if_corrupt(self) -> None:
+        """The checkpoint went bad while running (disk error, someone's editor): same recovery as at start."""
+        self._corrupt_seen.clear()
+        with self.lock.held():
+            try:
+                self.store.load()
+            except CheckpointCorrupt as exc:
+                self._quarantine(exc, read_boot_id(self.cfg.host_root))
 
     def _rebuild_from_cdi(self, boot_id: str) -> Checkpoint:
         """Records for the claim specs in the CDI directory (names filled in from the API later)."""
@@ -266,6 +281,11 @@ class Driver:
     def _poll_loop(self) -> None:
         last_discovery = time.monotonic()
         while not self._stop.wait(self.cfg.health_interval_s):
+            if self._corrupt_seen.is_set():
+                try:
+                    self._recover_if_corrupt()
+                except Exception:  # noqa: BLE001
+                    log.exception("checkpoint recovery failed")
             rediscover = (not self.inventory.ready
                           or time.monotonic() - last_discovery >= self.cfg.rediscover_interval_s)
             try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from .checkpoint import CheckpointCorrupt
 from .kube import ApiError
 from .state import ClaimError, DeviceState
 
@@ -64,7 +65,11 @@ class Reconciler:
     def run_once(self) -> dict[str, int]:
         st = self.state
         counts = {"orphan_claims": 0, "orphan_specs": 0, "rewritten": 0, "named": 0}
-        cp = st.store.load()
+        try:
+            cp = st.store.load()
+        except CheckpointCorrupt:
+            st.on_corrupt()
+            return counts
         unnamed = [r for r in cp.claims.values() if not r.namespace or not r.name]
         if unnamed:
             by_uid = {(c.get("metadata") or {}).get("uid"): c for c in st.api.list_claims()}

@@ -23,7 +23,15 @@ import time
 from dataclasses import dataclass
 
 from . import cdi as cdi_mod
-from .checkpoint import PREPARE_COMPLETED, PREPARE_STARTED, Checkpoint, CheckpointStore, ClaimRecord, PreparedDevice
+from .checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    Checkpoint,
+    CheckpointCorrupt,
+    CheckpointStore,
+    ClaimRecord,
+    PreparedDevice,
+)
 from .configs import ConfigError, DeviceSettings, settings_per_request
 from .device_setup import DeviceSetup, SetupError
 from .kube import ApiError
@@ -82,6 +90,7 @@ class DeviceState:
         self.driver, self.family, self.node_name = driver, family, node_name
         self.api, self.inventory, self.store, self.cdi = api, inventory, store, cdi
         self.setup, self.lock, self.metrics, self.events = setup, lock, metrics, events
+        self.on_corrupt = lambda: None  # the driver moves a checkpoint that went bad at run time aside
 
     # ----- prepare
     def prepare(self, refs: list[ClaimRef]) -> dict[str, tuple[list[PreparedDevice], str]]:
@@ -97,6 +106,11 @@ class DeviceState:
                 log.info("prepared", extra={"claim": ref.uid, "claimRef": str(ref),
                                             "devices": [d.device_name for d in devices],
                                             "durationMs": round((time.perf_counter() - start) * 1000, 2)})
+            except CheckpointCorrupt as exc:
+                self.on_corrupt()
+                out[ref.uid] = ([], f"{self.driver}: claim {ref}: {exc}; the checkpoint is being moved aside and "
+                                    "rebuilt, the kubelet's retry will succeed")
+                self.metrics.prepare.labels(self.driver, "error").inc()
             except (ClaimError, ConfigError, SetupError, LockTimeout) as exc:
                 out[ref.uid] = ([], f"{self.driver}: claim {ref}: {exc}")
                 self.metrics.prepare.labels(self.driver, "error").inc()
@@ -244,6 +258,8 @@ class DeviceState:
                 self.metrics.unprepare.labels(self.driver, "ok").inc()
                 log.info("unprepared", extra={"claim": ref.uid, "claimRef": str(ref)})
             except Exception as exc:  # noqa: BLE001
+                if isinstance(exc, CheckpointCorrupt):
+                    self.on_corrupt()
                 out[ref.uid] = f"{self.driver}: claim {ref}: {exc}"
                 self.metrics.unprepare.labels(self.driver, "error").inc()
                 log.warning("unprepare failed", extra={"claim": ref.uid, "error": str(exc)})
