@@ -9,14 +9,23 @@ them, the planner is compared with the scheduler, and finally everything is unpr
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections import Counter
 
 import pytest
+from controlplane import wait_until
 from helpers import (
+    SAMPLES_NAMESPACE,
     DevCluster,
     as_dict,
+    constraint_violations,
+    pod_running,
+    prepared,
+    unschedulable,
 )
-from kubernetes import client
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
 
 pytestmark = pytest.mark.e2e
 
@@ -65,3 +74,194 @@ def test_drivers_publish_the_simulated_devices_and_untaint(dev):
         for s in dev.slices():
             if s["spec"]["nodeName"] == node.name:
                 assert s["metadata"]["ownerReferences"][0]["kind"] == "Node"
+
+
+# --- helpers of this module ---------------------------------------------------------------------------
+
+EXTRA_NAMESPACE = "e2e-dev-extra"
+ACCELERATOR_TOLERATIONS = [{"key": k, "operator": "Exists", "effect": "NoSchedule"}
+                           for k in ("nvidia.com/gpu", "aws.amazon.com/neuron")]
+
+
+def forbidden(call, *args, **kwargs) -> ApiException:
+    """The ApiException of a call that must be refused with 403."""
+    with pytest.raises(ApiException) as refused:
+        call(*args, **kwargs)
+    assert refused.value.status == 403, (refused.value.status, refused.value.body)
+    return refused.value
+
+
+def extra_claim(dev: DevCluster, name: str, requests: list[dict], constraints: list[dict] | None = None) -> dict:
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": EXTRA_NAMESPACE},
+            "spec": {"devices": {"requests": requests, "constraints": constraints or []}}}
+    dev.resource.create_namespaced_resource_claim(EXTRA_NAMESPACE, body)
+    return body
+
+
+def extra_pod(dev: DevCluster, name: str, claim: str, node: str | None = None) -> dict:
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": EXTRA_NAMESPACE},
+            "spec": {"tolerations": ACCELERATOR_TOLERATIONS, "terminationGracePeriodSeconds": 5,
+                     "nodeSelector": {"kubernetes.io/hostname": node} if node else None,
+                     "resourceClaims": [{"name": "devices", "resourceClaimName": claim}],
+                     "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                                     "resources": {"claims": [{"name": "devices"}]}}]}}  # fmt: skip
+    dev.core.create_namespaced_pod(EXTRA_NAMESPACE, body)
+    return body
+
+
+def request(name: str, family: str, count: int = 1, selectors: list[str] | None = None) -> dict:
+    exactly = {"deviceClassName": f"{family}.eks-dra.io", "count": count}
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+    return {"name": name, "exactly": exactly}
+
+
+def wait_running(dev: DevCluster, ns: str, name: str, timeout: float = 90) -> dict:
+    def running():
+        pod = as_dict(dev.core.read_namespaced_pod, name, ns)
+        return pod if pod_running(pod) else None
+
+    try:
+        return wait_until(running, timeout, interval=0.3, what=f"pod {ns}/{name} Running")
+    except TimeoutError as exc:
+        pod = as_dict(dev.core.read_namespaced_pod, name, ns)
+        node = dev.nodes.get(pod["spec"].get("nodeName") or "")
+        logs = "" if node is None else f"\nkubelet log:\n{node.kubelet.log_tail(20)}" + "".join(
+            f"\n{f} driver log:\n{d.log_tail(15)}" for f, d in node.drivers.items())
+        raise AssertionError(f"{exc}; status {json.dumps(pod.get('status'))[:1500]}{logs}") from exc
+
+
+def sample_pods(dev: DevCluster) -> list[dict]:
+    return [p for p in dev.pods(SAMPLES_NAMESPACE) if p["metadata"]["name"] not in NOT_PLACEABLE]
+
+
+def check_prepared(dev: DevCluster, pod: dict) -> list[dict]:
+    """Assert the pod's claims are allocated on its node within their constraints, prepared by our drivers,
+    their CDI specs on the node's disk name the devices, and the drivers' checkpoints hold them."""
+    node = dev.nodes[pod["spec"]["nodeName"]]
+    devices = dev.devices()
+    annotation = prepared(pod)
+    claims = dev.pod_claims(pod)
+    assert claims, f"pod {pod['metadata']['name']} has no claims"
+    specs = node.cdi_specs()
+    for claim in claims:
+        uid, allocation = claim["metadata"]["uid"], claim["status"]["allocation"]
+        assert pod["metadata"]["uid"] in [r["uid"] for r in claim["status"]["reservedFor"]]
+        results = allocation["devices"]["results"]
+        assert {r["pool"] for r in results} == {node.name}
+        assert constraint_violations(claim, devices) == []
+        entry = annotation[uid]
+        assert entry["error"] == ""
+        assert sorted((d["poolName"], d["deviceName"]) for d in entry["devices"]) == sorted(
+            (r["pool"], r["device"]) for r in results)
+        for result in results:
+            driver, device = result["driver"], result["device"]
+            cdi_ids = [i for d in entry["devices"] if d["deviceName"] == device for i in d["cdiDeviceIds"]]
+            assert cdi_ids == [f"k8s.{driver}/claim={uid}-{device}"]
+            spec = specs[f"k8s.{driver}-claim_{uid}.json"]
+            assert spec["kind"] == f"k8s.{driver}/claim"
+            spec_device = next(d for d in spec["devices"] if d["name"] == f"{uid}-{device}")
+            assert spec_device["containerEdits"]["deviceNodes"], spec_device  # the device's /dev nodes
+            assert uid in node.drivers[driver.split(".")[0]].checkpoint_claims()
+    return claims
+
+
+def claim_of(dev: DevCluster, pod_name: str, ns: str = SAMPLES_NAMESPACE) -> dict:
+    return dev.pod_claims(as_dict(dev.core.read_namespaced_pod, pod_name, ns))[0]
+
+
+# --- the tests, in the order a cluster lives ------------------------------------------------------------
+
+def test_a_node_identity_cannot_write_other_nodes_or_drivers_slices(dev):
+    """RBAC lets every driver write ResourceSlices; the charts' policies confine it to its node and driver."""
+    own, other = "dev-p5-0", "dev-p5-1"
+    as_gpu = client.ResourceV1Api(config.new_client_from_config(str(dev.driver_kubeconfig(own, "gpu"))))
+    pools = dev.slices_by_pool()
+    other_gpu = pools[("gpu.eks-dra.io", other)][0]
+    own_efa = pools[("efa.eks-dra.io", own)][0]
+    own_gpu = pools[("gpu.eks-dra.io", own)][0]
+
+    def copy(s: dict, **spec) -> dict:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": f"e2e-forged-{uuid.uuid4().hex[:6]}"},
+                "spec": {**{k: v for k, v in s["spec"].items() if k != "nodeName"}, **spec}}
+
+    # Allowed: its own node and driver (dry run, so the driver's pool is not disturbed).
+    as_gpu.create_resource_slice(copy(own_gpu, nodeName=own), dry_run="All")
+    as_gpu.replace_resource_slice(own_gpu["metadata"]["name"], own_gpu, dry_run="All")
+    # Another node's slices: no create, update or delete.
+    exc = forbidden(as_gpu.create_resource_slice, copy(other_gpu, nodeName=other), dry_run="All")
+    assert f"may only write ResourceSlices of node {own}" in exc.body
+    forbidden(as_gpu.replace_resource_slice, other_gpu["metadata"]["name"], other_gpu, dry_run="All")
+    forbidden(as_gpu.delete_resource_slice, other_gpu["metadata"]["name"], dry_run="All")
+    # Another driver's slices on its own node: no create, update or delete either.
+    exc = forbidden(as_gpu.create_resource_slice, copy(own_efa, nodeName=own), dry_run="All")
+    assert "may only write ResourceSlices of driver gpu.eks-dra.io" in exc.body
+    forbidden(as_gpu.replace_resource_slice, own_efa["metadata"]["name"], own_efa, dry_run="All")
+    forbidden(as_gpu.delete_resource_slice, own_efa["metadata"]["name"], dry_run="All")
+    # The Node: only its own readiness taint on its own node.
+    as_gpu_core = client.CoreV1Api(as_gpu.api_client)
+    taint = {"key": "efa.eks-dra.io/not-ready", "value": "true", "effect": "NoSchedule"}
+    node = as_dict(as_gpu_core.read_node, own)
+    forbidden(as_gpu_core.patch_node, own, {"spec": {"taints": [*node["spec"].get("taints", []), taint]}},
+              dry_run="All")
+    forbidden(as_gpu_core.patch_node, own, {"metadata": {"labels": {"eks-dra.io/gpu": "device-plugin"}}}, dry_run="All")
+    forbidden(as_gpu_core.patch_node, other, {"spec": {"taints": []}}, dry_run="All")
+    mine = {"key": "gpu.eks-dra.io/not-ready", "value": "true", "effect": "NoSchedule"}
+    as_gpu_core.patch_node(own, {"spec": {"taints": [*node["spec"].get("taints", []), mine]}}, dry_run="All")
+    # Nothing changed for real.
+    assert dev.slices_by_pool()[("gpu.eks-dra.io", other)][0]["metadata"]["resourceVersion"] == \
+        other_gpu["metadata"]["resourceVersion"]
+
+
+def test_b_scheduler_allocates_samples_and_drivers_prepare_them(dev):
+    for pod in dev.pods(SAMPLES_NAMESPACE):
+        name = pod["metadata"]["name"]
+        if name not in NOT_PLACEABLE:
+            wait_running(dev, SAMPLES_NAMESPACE, name, timeout=120)
+    pods = sample_pods(dev)
+    names = sorted(p["metadata"]["name"] for p in pods)
+    assert len([n for n in names if n.startswith("gpu-job-")]) == 2
+    assert {"shared-gpu-a", "shared-gpu-b", "time-sliced-a", "time-sliced-b", "prioritized-gpu", "gpu-efa-aligned",
+            "gpu-efa-root", "neuron-lnc", "neuron-efa-aligned"} <= set(names)
+    for pod in pods:
+        check_prepared(dev, pod)
+    for name in NOT_PLACEABLE:
+        wait_until(lambda n=name: unschedulable(as_dict(dev.core.read_namespaced_pod, n, SAMPLES_NAMESPACE)), 60,
+                   what=f"{name} reported unschedulable")  # fmt: skip
+
+    by_name = {p["metadata"]["name"]: p for p in pods}
+    # A shared claim: both pods on the claim's node, prepared once.
+    shared = claim_of(dev, "shared-gpu-a")
+    assert by_name["shared-gpu-a"]["spec"]["nodeName"] == by_name["shared-gpu-b"]["spec"]["nodeName"]
+    node = dev.nodes[by_name["shared-gpu-a"]["spec"]["nodeName"]]
+    assert len([e for e in node.kubelet.events("prepare") if not e["errors"]
+                and shared["metadata"]["uid"] in [c["uid"] for c in e["claims"]]]) == 1
+    # Prioritized list: the scheduler picks the node first, then the first sub-request that fits there:
+    # an H100 on a p5 node, any GPU (an L40S) on the g6e node.
+    results = claim_of(dev, "prioritized-gpu")["status"]["allocation"]["devices"]["results"]
+    expected = {"p5.48xlarge": "gpu/h100-or-h200", "g6e.48xlarge": "gpu/any-gpu"}
+    assert [r["request"] for r in results] == [expected[dev.nodes[results[0]["pool"]].instance_type]]
+    # A GPU and the four EFAs of its PCIe root.
+    results = claim_of(dev, "gpu-efa-root")["status"]["allocation"]["devices"]["results"]
+    assert Counter(r["request"] for r in results) == {"gpu": 1, "efas": 4}
+    # Neuron + EFA of one devicegroup4 on the trn2 node (constraint checked above), 4 + 4 devices.
+    results = claim_of(dev, "neuron-efa-aligned")["status"]["allocation"]["devices"]["results"]
+    assert Counter(r["request"] for r in results) == {"neurons": 4, "efas": 4}
+    assert {r["pool"] for r in results} == {"dev-trn2-0"}
+
+    # Opaque configuration: the time-slicing interval recorded for the GPU (no nvidia-smi here) ...
+    sliced = claim_of(dev, "time-sliced-a")
+    node = dev.nodes[sliced["status"]["allocation"]["devices"]["results"][0]["pool"]]
+    record = node.drivers["gpu"].checkpoint_claims()[sliced["metadata"]["uid"]]
+    applied = record["settings"]["applied"]
+    assert [d["timeSliceInterval"] for d in applied["devices"].values()] == ["Long"]
+    # ... and the logical NeuronCore size in the Neuron claim's CDI spec (trn2: 8 physical cores per device).
+    lnc = claim_of(dev, "neuron-lnc")
+    spec = dev.nodes["dev-trn2-0"].cdi_specs()[f"k8s.neuron.eks-dra.io-claim_{lnc['metadata']['uid']}.json"]
+    env = dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
+    assert env["NEURON_LOGICAL_NC_CONFIG"] == "2"
+    ids = sorted(int(r["device"].split("-")[1]) for r in lnc["status"]["allocation"]["devices"]["results"])
+    assert env["NEURON_RT_VISIBLE_CORES"] == ",".join(f"{i * 4}-{i * 4 + 3}" for i in ids) or \
+        env["NEURON_RT_VISIBLE_CORES"] == f"{ids[0] * 4}-{ids[-1] * 4 + 3}", env
