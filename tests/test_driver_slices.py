@@ -291,3 +291,40 @@ def test_dra_health_stream_reports_every_device(cluster):
                 assert bad == ["gpu-4"] and len(msg.devices) == 8
                 break
         stream.cancel()
+
+
+def test_neuron_error_counter_withdraws_device(cluster):
+    kube, make_node, start = cluster
+    n = make_node("node-t", "trn2.48xlarge")
+    start(n, "neuron")
+    wait_for(lambda: kube.device_count("node-t", NEURON) == 16, what="slices")
+    t0 = time.monotonic()
+    fixture.set_neuron_error(n.host, 5, 3)
+    wait_for(lambda: "neuron-5" not in devices_in(kube, "node-t", NEURON), timeout=10, what="withdrawn")
+    assert time.monotonic() - t0 < 10
+    fixture.set_neuron_error(n.host, 5, 0)
+    wait_for(lambda: kube.device_count("node-t", NEURON) == 16, timeout=10, what="restored")
+
+
+def test_same_device_names_on_two_nodes_prepare_concurrently(cluster):
+    from drivers.harness import kubelet_for
+
+    kube, make_node, start = cluster
+    a, b = make_node("node-a"), make_node("node-b")
+    start(a, "gpu")
+    start(b, "gpu")
+    claims = {n.name: kube.put_claim(make_claim(GPU, n.name, ["gpu-0"])) for n in (a, b)}
+    results = {}
+
+    def run(n):
+        k = kubelet_for(n, "gpu")
+        results[n.name] = k.prepare([claims[n.name]])[claims[n.name]["metadata"]["uid"]]
+        k.close()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results["node-a"].error == results["node-b"].error == ""
+    assert results["node-a"].devices[0].pool_name == "node-a" and results["node-b"].devices[0].pool_name == "node-b"

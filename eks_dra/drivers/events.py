@@ -91,9 +91,9 @@ class EventRecorder:
             "reason": reason,
             "message": message[:1024],
             "type": type_,
+            # legacy core/v1 shape (source + timestamps): setting reportingComponent would switch the API
+            # server to the events.k8s.io rules, which also require eventTime and action
             "source": {"component": self.component, "host": self.node_name},
-            "reportingComponent": self.component,
-            "reportingInstance": self.node_name,
             "firstTimestamp": stamp,
             "lastTimestamp": stamp,
             "count": 1,
