@@ -10,16 +10,21 @@ them, the planner is compared with the scheduler, and finally everything is unpr
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import uuid
 from collections import Counter
 
 import pytest
+import yaml
 from controlplane import wait_until
 from helpers import (
+    BIN,
     SAMPLES_NAMESPACE,
     DevCluster,
     as_dict,
     constraint_violations,
+    load_documents,
     pod_running,
     prepared,
     unschedulable,
@@ -41,6 +46,9 @@ def dev(control_plane, e2e_binary, tmp_path_factory):
         cluster.create_nodes()
         cluster.start_nodes()
         cluster.wait_drivers_ready()
+        cluster.core.create_namespace({"metadata": {"name": EXTRA_NAMESPACE}})
+        wait_until(lambda: cluster.core.read_namespaced_service_account("default", EXTRA_NAMESPACE), 60,
+                   what=f"default ServiceAccount in {EXTRA_NAMESPACE}")
         yield cluster
     finally:
         cluster.stop()
@@ -265,3 +273,77 @@ def test_b_scheduler_allocates_samples_and_drivers_prepare_them(dev):
     ids = sorted(int(r["device"].split("-")[1]) for r in lnc["status"]["allocation"]["devices"]["results"])
     assert env["NEURON_RT_VISIBLE_CORES"] == ",".join(f"{i * 4}-{i * 4 + 3}" for i in ids) or \
         env["NEURON_RT_VISIBLE_CORES"] == f"{ids[0] * 4}-{ids[-1] * 4 + 3}", env
+
+
+def workload_keys(docs: list[dict]) -> tuple[set[str], list[tuple[str, str, re.Pattern]]]:
+    """Named ResourceClaims, and (workload, pod claim name, pattern of the planner's claim name) per template use.
+    The planner names a template's claim `<pod>-<podClaim>` and for a Job's i-th pod `<job>-<i>-<podClaim>`."""
+    named, templated = set(), []
+    for d in docs:
+        if d["kind"] == "ResourceClaim":
+            named.add(d["metadata"]["name"])
+        spec = {"Pod": lambda x: x["spec"], "Job": lambda x: x["spec"]["template"]["spec"]}.get(d["kind"], None)
+        if spec is None:
+            continue
+        name = d["metadata"]["name"]
+        for c in spec(d).get("resourceClaims") or []:
+            if c.get("resourceClaimTemplateName"):
+                index = r"-\d+" if d["kind"] == "Job" else ""
+                templated.append((name, c["name"], re.compile(f"{re.escape(name)}{index}-{re.escape(c['name'])}")))
+    return named, templated
+
+
+def scheduler_verdicts(dev: DevCluster, namespaces: list[str]) -> Counter:
+    """(namespace, claim key) -> allocated?, for every claim of every pod, as the scheduler decided."""
+    verdicts: dict[str, tuple] = {}
+    for ns in namespaces:
+        for pod in dev.pods(ns):
+            workload = (pod["metadata"].get("labels") or {}).get("job-name") or pod["metadata"]["name"]
+            for claim in dev.pod_claims(pod):
+                meta = claim["metadata"]
+                generated = (meta.get("annotations") or {}).get("resource.kubernetes.io/pod-claim-name")
+                key = (ns, workload, generated) if generated else (ns, meta["name"])
+                verdicts[meta["uid"]] = (key, bool(claim.get("status", {}).get("allocation")))
+    return Counter(verdicts.values())
+
+
+def test_c_planner_agrees_with_the_scheduler_on_published_slices(dev, tmp_path):
+    """`eks-dra plan --slices` on the real ResourceSlices gives every claim the scheduler's verdict."""
+    # A claim no simulated node can hold: an L40S (g6e) and an EFA on its PCIe root; g6e's EFAs sit on other roots.
+    unplaceable = [request("gpu", "gpu", selectors=["device.attributes['gpu.eks-dra.io'].productName.contains('L40S')"]),
+                   request("efa", "efa")]
+    claim = extra_claim(dev, "g6e-gpu-efa-aligned", unplaceable,
+                        [{"requests": ["gpu", "efa"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}])
+    pod = extra_pod(dev, "g6e-gpu-efa-aligned", "g6e-gpu-efa-aligned")
+    message = wait_until(lambda: unschedulable(as_dict(dev.core.read_namespaced_pod, "g6e-gpu-efa-aligned",
+                                                       EXTRA_NAMESPACE)), 60, what="the g6e claim to be unschedulable")
+    assert "cannot allocate all claims" in message or "resourceclaim" in message.lower(), message
+
+    slices = tmp_path / "slices.yaml"
+    slices.write_text(yaml.safe_dump_all(
+        [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", **s} for s in dev.slices()]))
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(yaml.safe_dump_all([claim, pod]))
+    manifests = [p for p in dev.manifest_paths if "device-classes" in p.name or "dra-samples" in p.name]
+    proc = subprocess.run([str(BIN / "eks-dra"), "plan", "--slices", str(slices), "--claims", *map(str, manifests),
+                           str(extra), "--output", "json"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr  # 1: at least one claim is not allocated
+    plan = json.loads(proc.stdout)["claims"]
+
+    docs = load_documents([*manifests, extra])
+    named, templated = workload_keys(docs)
+    planned = Counter()
+    for c in plan:
+        if c["name"] in named:
+            key = (c["namespace"], c["name"])
+        else:
+            key = next(((c["namespace"], w, pc) for w, pc, pattern in templated if pattern.fullmatch(c["name"])), None)
+            assert key is not None, f"planner claim {c['name']} matches no workload"
+        planned[(key, c["allocated"])] += 1
+        if c["allocated"]:
+            assert {d["pool"] for d in c["devices"]} == {c["node"]} and c["node"] in dev.nodes
+    scheduled = scheduler_verdicts(dev, [SAMPLES_NAMESPACE, EXTRA_NAMESPACE])
+    assert planned == scheduled
+    assert planned[((EXTRA_NAMESPACE, "g6e-gpu-efa-aligned"), False)] == 1
+    assert planned[((SAMPLES_NAMESPACE, "mig-1g-5gb", "devices"), False)] == 1
+    assert sum(n for (_, allocated), n in planned.items() if allocated) == 9  # every placeable sample claim
