@@ -328,3 +328,18 @@ def test_same_device_names_on_two_nodes_prepare_concurrently(cluster):
         t.join(30)
     assert results["node-a"].error == results["node-b"].error == ""
     assert results["node-a"].devices[0].pool_name == "node-a" and results["node-b"].devices[0].pool_name == "node-b"
+
+
+def test_api_outage_after_ready_does_not_retaint(cluster):
+    kube, make_node, start = cluster
+    n = make_node(taints=[NOT_READY])
+    driver = start(n, "gpu", resync_interval_s=0.3)
+    wait_for(lambda: kube.node_taints("node-a") == [] and driver.publisher.in_sync.is_set(), what="ready")
+    patches = kube.writes[("nodes", "patch")]
+    kube.fail_all = True
+    time.sleep(1.5)  # several resyncs fail
+    kube.fail_all = False
+    time.sleep(1.0)
+    assert kube.node_taints("node-a") == []
+    assert kube.writes[("nodes", "patch")] == patches
+    assert kube.device_count("node-a", GPU) == 8

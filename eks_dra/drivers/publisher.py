@@ -210,9 +210,8 @@ class SlicePublisher:
             except ApiError as exc:
                 self.metrics.api_errors.labels(self.driver, "sync_slices").inc()
                 log.warning("slice sync failed; retrying", extra={"error": str(exc)})
-                self.in_sync.clear()
-                if self.on_synced:
-                    self.on_synced(False)
+                # Not a reason to re-taint the node: the published slices are still there, only the API is
+                # unhappy (outage, conflict); the readiness taint follows the devices, not the API's weather.
                 if exc.status == 409:
                     self._listed = False  # someone else wrote: take a fresh list
                 self._stop.wait(backoff)
