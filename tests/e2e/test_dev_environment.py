@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import uuid
 from collections import Counter
@@ -347,3 +348,101 @@ def test_c_planner_agrees_with_the_scheduler_on_published_slices(dev, tmp_path):
     assert planned[((EXTRA_NAMESPACE, "g6e-gpu-efa-aligned"), False)] == 1
     assert planned[((SAMPLES_NAMESPACE, "mig-1g-5gb", "devices"), False)] == 1
     assert sum(n for (_, allocated), n in planned.items() if allocated) == 9  # every placeable sample claim
+
+
+def node_state(dev: DevCluster, name: str) -> dict:
+    """What must survive a restart: published devices per driver, CDI specs, checkpointed claims."""
+    node = dev.nodes[name]
+    devices = sorted(key for key in dev.devices() if key[1] == name)
+    return {"devices": devices, "cdi": node.cdi_specs(),
+            "checkpoints": {f: sorted(d.checkpoint_claims()) for f, d in node.drivers.items()}}
+
+
+def running_samples(dev: DevCluster) -> dict[str, dict]:
+    """Sample pod name -> prepared annotation; every placeable sample must still be Running."""
+    pods = sample_pods(dev)
+    assert all(pod_running(p) for p in pods), [p["metadata"]["name"] for p in pods if not pod_running(p)]
+    return {p["metadata"]["name"]: prepared(p) for p in pods}
+
+
+def test_d_driver_restarts_lose_nothing(dev):
+    """SIGTERM then start, and kill -9 then start: prepared claims stay prepared, slices stay, new pods prepare,
+    and a pod created while its driver is down is prepared once the driver is back."""
+    name = "dev-p5-0"
+    node = dev.nodes[name]
+    before, samples = node_state(dev, name), running_samples(dev)
+    assert any(before["checkpoints"].values()), "no sample claim landed on dev-p5-0; the test proves nothing"
+
+    gpu, efa = node.drivers["gpu"], node.drivers["efa"]
+    assert gpu.stop(signal.SIGTERM) == 0, gpu.log_tail()
+    gpu.start()
+    node.kubelet.wait_registered("gpu.eks-dra.io", count=2)
+    dev.wait_slices()
+    assert node_state(dev, name) == before
+
+    assert efa.stop(signal.SIGKILL) == -signal.SIGKILL
+    constraint = [{"requests": ["gpu", "efa"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}]
+    extra_claim(dev, "while-efa-down", [request("gpu", "gpu"), request("efa", "efa")], constraint)
+    extra_pod(dev, "while-efa-down", "while-efa-down", node=name)
+
+    def prepare_failed():
+        pod = as_dict(dev.core.read_namespaced_pod, "while-efa-down", EXTRA_NAMESPACE)
+        return any(entry["error"] for entry in prepared(pod).values())
+
+    wait_until(prepare_failed, 60, what="a failed prepare while the EFA driver is down")
+    efa.start()
+    node.kubelet.wait_registered("efa.eks-dra.io", count=2)
+    pod = wait_running(dev, EXTRA_NAMESPACE, "while-efa-down", timeout=90)
+    check_prepared(dev, pod)
+    after = node_state(dev, name)
+    assert after["devices"] == before["devices"]
+    assert {k: v for k, v in after["cdi"].items() if k in before["cdi"]} == before["cdi"]
+    for family, uids in before["checkpoints"].items():
+        assert set(uids) <= set(after["checkpoints"][family])
+    assert running_samples(dev) == samples
+
+
+def test_e_api_server_restart_keeps_slices_and_drivers_recover(dev, control_plane):
+    before = sorted(dev.devices())
+    samples = running_samples(dev)
+    control_plane.restart()
+    assert sorted(dev.devices()) == before
+    for node in dev.nodes.values():
+        assert all(d.running for d in node.drivers.values()), {f: d.log_tail() for f, d in node.drivers.items()}
+    # The drivers' slice watches resumed: a slice deleted behind a driver's back is put back.
+    victim = dev.slices_by_pool()[("efa.eks-dra.io", "dev-g6e-0")][0]["metadata"]["name"]
+    dev.resource.delete_resource_slice(victim)
+    wait_until(lambda: sorted(dev.devices()) == before, 90, interval=0.5, what="the deleted slice republished")
+    # Prepare still reaches the API server (claim lookups) after the restart.
+    extra_claim(dev, "after-restart", [request("gpu", "gpu")])
+    extra_pod(dev, "after-restart", "after-restart", node="dev-p5-1")
+    check_prepared(dev, wait_running(dev, EXTRA_NAMESPACE, "after-restart"))
+    assert running_samples(dev) == samples
+
+
+def test_f_deleting_the_pods_unprepares_everything(dev):
+    prepared_uids = {c["uid"] for node in dev.nodes.values() for e in node.kubelet.events("prepare")
+                     if not e["errors"] for c in e["claims"]}
+    assert len(prepared_uids) >= 11
+    batch = client.BatchV1Api(dev.api)
+    batch.delete_namespaced_job("gpu-job", SAMPLES_NAMESPACE, propagation_policy="Background")
+    for ns in (SAMPLES_NAMESPACE, EXTRA_NAMESPACE):
+        dev.core.delete_collection_namespaced_pod(ns)
+    wait_until(lambda: not dev.pods(SAMPLES_NAMESPACE) and not dev.pods(EXTRA_NAMESPACE), 120, interval=0.5,
+               what="every sample and extra pod gone")
+
+    unprepared = {c["uid"]: e["errors"] for node in dev.nodes.values() for e in node.kubelet.events("unprepare")
+                  for c in e["claims"]}
+    assert set(unprepared) == prepared_uids
+    assert not any(unprepared.values()), unprepared
+    for node in dev.nodes.values():
+        assert node.cdi_specs() == {}, node.name
+        for family, driver in node.drivers.items():
+            assert driver.checkpoint_claims() == {}, (node.name, family)
+    # Named claims are kept but released; generated ones are garbage-collected with their pods.
+    def released():
+        claims = dev.claims(SAMPLES_NAMESPACE) + dev.claims(EXTRA_NAMESPACE)
+        generated = [c for c in claims if c["metadata"].get("ownerReferences")]
+        return not generated and all(not c.get("status", {}).get("reservedFor") for c in claims)
+
+    wait_until(released, 60, what="generated claims deleted and named claims released")
