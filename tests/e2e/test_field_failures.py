@@ -453,19 +453,108 @@ def test_orphan_claim_deleted_while_plugin_down_cleaned_within_one_reconcile_int
                what="the generated claim deleted by the resourceclaim controller")
     assert orphan in checkpoint_claims(node, "gpu") and orphan in node.cdi_specs("gpu")
 
-    t0 = time.monotonic()
     drv2 = node.start_driver("gpu", "--reconcile-interval", str(interval))
+    drv2.wait_metrics()  # started: the reconciler runs from here
+    t0 = time.monotonic()
     wait_until(lambda: orphan not in checkpoint_claims(node, "gpu") and orphan not in node.cdi_specs("gpu"),
                interval + 10, interval=0.1, what="orphan cleaned")
     took = time.monotonic() - t0
     record_figure("orphan-cleanup", reconcile_interval_s=interval, cleaned_s=round(took, 3))
-    assert took <= interval + 3  # one interval (+ process start-up)
+    assert took <= interval + 1  # within one interval of the driver being up (+ polling slack)
     assert wait_until(lambda: node_events(api, node.name, "OrphanCleaned"), 10, what="OrphanCleaned Event")
+    assert drv2.metric("eks_dra_orphans_cleaned_total", kind="claim") >= 1
     node.kubelet.start()
     wait_registered(node, drv2, count=2)
     all_gpus = claim_template(api, ns, "all-gpus", dc, count=8)
     create_pod(api, ns, "all", node.name, all_gpus)  # the orphan's device is usable again
     wait_running(api, ns, "all", 60)
+
+
+def test_cdi_dir_wiped_without_reboot_prepare_and_reconciler_rewrite_specs(api, nodes):
+    """AT-7: /var/run/cdi emptied under a running plugin (same boot): a prepare of an already-prepared claim
+    rewrites its spec at once; the reconciler rewrites the others within one interval."""
+    interval = 5.0
+    node = nodes.node("ff-cw", "p5.48xlarge")
+    drv = node.start_driver("gpu", "--reconcile-interval", str(interval))
+    wait_registered(node, drv)
+    wait_devices(api, node, drv, 8)
+    ns = make_namespace(api, "ff-cw")
+    template = claim_template(api, ns, "one-gpu", ensure_device_class(api, GPU))
+    pods = start_pods(api, ns, node, template, 3)
+    specs = node.cdi_specs("gpu")
+    first, *rest = [(ns, uid, c["name"]) for e in node.kubelet.events("prepare") for c in e["claims"]
+                    for uid in [c["uid"]] if uid in specs]
+    for path in node.cdi.iterdir():
+        path.unlink()
+    k = Kubelet(node.kubelet.registry_dir / f"{GPU}-reg.sock", timeout=20)
+    try:
+        t0 = time.monotonic()
+        assert k.prepare([first])[first[1]].error == ""
+        assert first[1] in node.cdi_specs("gpu")  # rewritten before the answer
+        immediate = time.monotonic() - t0
+    finally:
+        k.close()
+    wait_until(lambda: {uid for _, uid, _ in rest} <= set(node.cdi_specs("gpu")), interval + 2, interval=0.1,
+               what="the reconciler rewriting the other specs")
+    by_reconciler = time.monotonic() - t0
+    record_figure("cdi-dir-wiped", claims=len(pods), prepare_rewrite_s=round(immediate, 3),
+                  reconciler_rewrite_s=round(by_reconciler, 3), reconcile_interval_s=interval)
+    assert node.cdi_specs("gpu") == specs
+    assert wait_until(lambda: node_events(api, node.name, "CDISpecRewritten"), 10, what="CDISpecRewritten Event")
+
+
+def test_host_driver_unloaded_under_a_live_plugin_retaints_node_and_keeps_slices(api, nodes):
+    """A host driver reload (aicr#1704, NV#1144): the node is re-tainted while the devices are gone, the
+    published slices are neither emptied nor shrunk, and everything is back once the driver has reloaded."""
+    node = nodes.node("ff-ul", "p5.48xlarge", taints=["gpu"])
+    drv = node.start_driver("gpu")
+    wait_devices(api, node, drv, 8)
+    core = client.CoreV1Api(api)
+
+    def tainted() -> bool:
+        return f"{GPU}/not-ready" in {t["key"] for t in raw(core.read_node, node.name)["spec"].get("taints") or []}
+
+    wait_until(lambda: not tainted(), 30, what="readiness taint removed")
+    watch = SliceWatch(api, node.name).start()
+    t0 = time.monotonic()
+    fixture.unload_driver(node.host, "gpu")
+    wait_until(tainted, 15, what="node re-tainted")
+    retainted = time.monotonic() - t0
+    assert wait_until(lambda: node_events(api, node.name, "InventoryNotReady"), 10, what="InventoryNotReady Event")
+    time.sleep(3)
+    fixture.add_devices(node.host, "gpu")
+    wait_until(lambda: not tainted(), 30, what="readiness taint removed after the reload")
+    untainted = time.monotonic() - t0
+    events = watch.snapshot()
+    watch.stop()
+    record_figure("host-driver-reload", retainted_s=round(retainted, 3), back_s=round(untainted, 3),
+                  slice_events=[(e.type, e.devices) for e in events])
+    assert [e for e in events if e.type == "DELETED" or e.devices != 8] == []
+    assert len(device_names(api, node.name, GPU)) == 8
+    assert drv.running
+
+
+def test_plugin_started_before_all_devices_initialised_never_publishes_a_partial_pool(api, nodes):
+    node = nodes.node("ff-pd", "trn1.32xlarge")
+    fixture.remove_devices(node.host, "neuron", 5)  # the Neuron driver is still initialising 5 of 16
+    fixture.remove_devices(node.host, "efa", 3)
+    watch = SliceWatch(api, node.name).start()
+    neuron, efa = node.start_driver("neuron"), node.start_driver("efa")
+    wait_registered(node, neuron)
+    wait_registered(node, efa)
+    time.sleep(4)
+    assert watch.snapshot() == []  # nothing at all while incomplete
+    fixture.add_devices(node.host)
+    t0 = time.monotonic()
+    wait_devices(api, node, neuron, 16, timeout=60)
+    wait_devices(api, node, efa, 8, timeout=60)
+    took = time.monotonic() - t0
+    events = watch.snapshot()
+    watch.stop()
+    record_figure("partial-devices-at-start", full_inventory_s=round(took, 3),
+                  slice_events=[(e.type, e.driver, e.devices) for e in events])
+    assert took < 60
+    assert sorted((e.driver, e.devices) for e in events) == [(EFA, 8), (NEURON, 16)]
 
 
 # ----- plugin before its devices ------------------------------------------------------------------------------
@@ -554,6 +643,9 @@ def test_injected_faults_withdrawn_within_10s_restored_without_restart(api, node
                              and ev, 10, what="DeviceHealthy Events")
         assert all(e["type"] == "Warning" for e in unhealthy) and all(e["type"] == "Normal" for e in healthy)
     assert all(d.running for d in (neuron, efa, gpu))  # no restart
+    assert neuron.metric("eks_dra_health_changes_total", health="unhealthy") == 1
+    assert neuron.metric("eks_dra_health_changes_total", health="healthy") == 1
+    assert gpu.metric("eks_dra_unhealthy_devices") == 0
     assert max(w for w, _ in figures.values()) < 10
 
 
