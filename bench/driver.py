@@ -91,6 +91,47 @@ def latency(kube: FakeKube, kubelet: Kubelet, node: str, devices: list[str], sam
             "cycles_per_s": samples / total}
 
 
+def registration_client(node: Node) -> Kubelet:
+    k = Kubelet(registration_socket(node, "gpu"), timeout=10)
+    k.notify(True)
+    return k
+
+
+def recovery(node: Node, kube: FakeKube, kubeconfig: Path, proc: DriverProcess, kubelet: Kubelet | None,
+             what: str) -> DriverProcess:
+    """Restart the gpu driver after `what` with 8 prepared claims; print when they are usable again."""
+    from eks_dra.drivers import fixture
+
+    kubelet = kubelet or registration_client(node)
+    claims = [kube.put_claim(make_claim(DRIVERS["gpu"], node.name, [f"gpu-{i}"])) for i in range(8)]
+    out = kubelet.prepare(claims)
+    assert not any(e.error for e in out.values()), out
+    kubelet.close()
+    proc.terminate()
+    proc.close()
+    uids = [c["metadata"]["uid"] for c in claims]
+    if what == "reboot":
+        fixture.set_boot_id(node.host)
+        for spec in node.cdi.glob("*.json"):
+            spec.unlink()
+    else:
+        path = node.plugins / DRIVERS["gpu"] / "checkpoint.json"
+        path.write_bytes(path.read_bytes()[:100])
+    t0 = time.monotonic()
+    new, k, reg, _ = start(node, "gpu", kubeconfig, kube)
+    wait(lambda: all((node.cdi / f"k8s.{DRIVERS['gpu']}-claim_{u}.json").exists() for u in uids))
+    state = node.plugins / DRIVERS["gpu"] / "checkpoint.json"
+    wait(lambda: all(u in state.read_text() for u in uids))
+    usable = time.monotonic() - t0
+    again = k.prepare(claims)  # the kubelet's view: the same devices, nothing refused
+    assert not any(e.error for e in again.values()), again
+    print(f"gpu  {what}: registered {reg * 1000:6.1f} ms, 8 prepared claims usable again after "
+          f"{usable * 1000:6.1f} ms (target < 60000 reboot, < 30000 corrupt)")
+    k.unprepare(claims)
+    k.close()
+    return new
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=10000, help="prepare/unprepare cycles for the memory check")
@@ -145,6 +186,11 @@ def main() -> int:
     print(f"gpu  {args.cycles} prepare/unprepare cycles in {time.monotonic() - t:.1f} s: RSS {start_rss:.1f} -> "
           f"{end_rss:.1f} MiB, growth {100 * (end_rss - start_rss) / start_rss:+.1f} % (target <= 10); "
           f"prepare p99 {r['prepare_p99_ms']:.2f} ms")
+
+    # reboot (new boot id, /var/run/cdi emptied) and a corrupt checkpoint, each with 8 prepared claims
+    gpu = recovery(node, kube, kubeconfig, gpu, k_gpu, "reboot")
+    gpu = recovery(node, kube, kubeconfig, gpu, None, "corrupt checkpoint")
+    k_gpu = registration_client(node)
 
     for k in (k_gpu, k_efa):
         k.close()
