@@ -229,8 +229,10 @@ class SlicePublisher:
             observed = dict(self._observed)
         if devices is None or self.blocked or not self.node_uid:
             return None
-        generation = max([self._generation, 1] + [int(o["spec"]["pool"].get("generation") or 0)
-                                                  for o in observed.values()])
+        seen = [int(o["spec"]["pool"].get("generation") or 0) for o in observed.values()]
+        # the API's generation when it has our slices (a failed write must not bump it again on retry),
+        # else the one we last published (all slices deleted: put them back under the same generation)
+        generation = max(max(seen) if seen else self._generation, 1)
         want = resource_slices(self.driver, self.node_name, devices, generation, self.node_uid)
         by_name = {s["metadata"]["name"]: s for s in want}
         changed = any(name not in by_name or _spec_key(o, False) != _spec_key(by_name[name], False)
