@@ -118,12 +118,26 @@ def make_namespace(api: client.ApiClient, prefix: str) -> str:
     return name
 
 
-def claim_template(api: client.ApiClient, ns: str, name: str, device_class: str, count: int = 1) -> str:
+def claim_template(api: client.ApiClient, ns: str, name: str, device_class: str, count: int = 1,
+                   opaque: tuple[str, dict] | None = None) -> str:
+    """A ResourceClaimTemplate of one request `dev`; `opaque` = (driver, parameters) adds an opaque config."""
+    devices: dict = {"requests": [{"name": "dev", "exactly": {"deviceClassName": device_class, "count": count}}]}
+    if opaque:
+        devices["config"] = [{"requests": ["dev"], "opaque": {"driver": opaque[0], "parameters": opaque[1]}}]
     client.ResourceV1Api(api).create_namespaced_resource_claim_template(ns, {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
-        "spec": {"spec": {"devices": {"requests": [
-            {"name": "dev", "exactly": {"deviceClassName": device_class, "count": count}}]}}}})
+        "spec": {"spec": {"devices": devices}}})
     return name
+
+
+def fake_nvidia_smi(directory: Path) -> Path:
+    """An `nvidia-smi` on PATH that appends its arguments to calls.log: the host tool the GPU driver runs to
+    set time-slicing, whose calls are the observable effect on a node without GPUs."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tool = directory / "nvidia-smi"
+    tool.write_text(f"#!/bin/sh\necho \"$*\" >> {directory / 'calls.log'}\n")
+    tool.chmod(0o755)
+    return directory / "calls.log"
 
 
 def create_pod(api: client.ApiClient, ns: str, name: str, node: str, template: str) -> None:
@@ -279,7 +293,8 @@ class SliceWatch:
 class DriverProc:
     """One `eks-dra-driver` process (the real entry point) with a metrics port and a log file."""
 
-    def __init__(self, node: SimNode, family: str, pod_uid: str | None, extra: list[str]) -> None:
+    def __init__(self, node: SimNode, family: str, pod_uid: str | None, extra: list[str],
+                 env: dict[str, str] | None = None) -> None:
         self.node, self.family, self.pod_uid = node, family, pod_uid
         self.driver = DRIVERS[family]
         self.metrics_port = free_port()
@@ -293,7 +308,8 @@ class DriverProc:
         if pod_uid:
             argv += ["--pod-uid", pod_uid]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env={**os.environ, **(env or {})})
         self.started_at = time.monotonic()
 
     @property
@@ -367,8 +383,9 @@ class SimNode:
     def cdi(self) -> Path:
         return self.kubelet.root / "cdi"
 
-    def start_driver(self, family: str, *extra: str, pod_uid: str | None = None) -> DriverProc:
-        proc = DriverProc(self, family, pod_uid, list(extra))
+    def start_driver(self, family: str, *extra: str, pod_uid: str | None = None,
+                     env: dict[str, str] | None = None) -> DriverProc:
+        proc = DriverProc(self, family, pod_uid, list(extra), env)
         self.drivers.append(proc)
         return proc
 

@@ -8,6 +8,7 @@ tier and printed as FIGURE lines; EKS_DRA_FF_FULL=1 runs the issue's counts (ben
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -25,6 +26,7 @@ from ff_helpers import (
     device_names,
     ensure_device_class,
     ensure_driver_rbac,
+    fake_nvidia_smi,
     make_namespace,
     node_events,
     percentiles,
@@ -334,6 +336,41 @@ def test_reboot_new_boot_id_and_empty_cdi_dir_reapplies_every_prepared_claim(api
     finally:
         k.close()
     assert wait_until(lambda: node_events(api, node.name, "BootChanged"), 10, what="BootChanged Event")
+
+
+def test_reboot_reapplies_gpu_time_slicing(api, nodes):
+    """Device settings are re-applied after a reboot (the GPU forgets its compute policy), not trusted."""
+    node = nodes.node("ff-ts", "p5.48xlarge")
+    calls = fake_nvidia_smi(node.root / "bin")
+    env = {"PATH": f"{calls.parent}:{os.environ['PATH']}"}
+    drv = node.start_driver("gpu", env=env)
+    wait_registered(node, drv)
+    wait_devices(api, node, drv, 8)
+    ns = make_namespace(api, "ff-ts")
+    config = {"apiVersion": "gpu.eks-dra.io/v1", "kind": "GpuConfig",
+              "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
+    template = claim_template(api, ns, "shared", ensure_device_class(api, GPU), opaque=(GPU, config))
+    pod = start_pods(api, ns, node, template, 1)["w-0"]
+    (entry,) = prepared(pod).values()
+    uuid = next(d["attributes"]["uuid"]["string"] for s in slices(api, node.name, GPU)
+                for d in s["spec"]["devices"] if d["name"] == entry["devices"][0]["deviceName"])
+    applied = f"compute-policy --set-timeslice=3 -i {uuid}"
+    assert calls.read_text().splitlines() == [applied]
+
+    drv.terminate()
+    node.kubelet.stop()
+    fixture.set_boot_id(node.host)
+    for path in node.cdi.iterdir():
+        path.unlink()
+    node.kubelet.start()
+    t0 = time.monotonic()
+    node.start_driver("gpu", env=env)
+    wait_until(lambda: calls.read_text().splitlines() == [applied, applied], 60, interval=0.1,
+               what="time-slicing re-applied after the reboot")
+    record_figure("reboot-time-slicing", reapplied_s=round(time.monotonic() - t0, 3))
+    delete_pod(api, ns, "w-0")  # unprepare puts the GPU back to its default policy
+    wait_until(lambda: calls.read_text().splitlines()[-1:] == [f"compute-policy --set-timeslice=0 -i {uuid}"], 30,
+               what="time-slicing reverted at unprepare")
 
 
 # ----- checkpoint corruption and versions -------------------------------------------------------------------
