@@ -12,6 +12,7 @@ Reasons (type):
     DevicePluginConflict (Warning)    the family's device plugin is on the node; nothing published
     InventoryNotReady (Warning)       devices not (yet) ready; nothing published, node kept tainted
     SlicesPublished (Normal)          the node's ResourceSlices are complete; readiness taint removed
+    NotReady (Warning)                readiness taint (re-)added: devices not advertised
 Events are sent from a background thread (never on the kubelet's call path) and identical ones are
 suppressed for a minute to keep a flapping device from flooding the API.
 """
