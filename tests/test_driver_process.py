@@ -66,6 +66,14 @@ def test_bad_flags_exit_2():
     assert "Traceback" not in out.stderr
 
 
+def test_no_cluster_credentials_exit_2_in_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "eks_dra.drivers.main", "efa", "--node-name", "n",
+                          "--kubeconfig", str(tmp_path / "missing"), "--plugins-dir", str(tmp_path)],
+                         capture_output=True, text=True, cwd=REPO, env={"PATH": "/usr/bin:/bin"}, timeout=30)
+    assert out.returncode == 2
+    assert "cannot configure the Kubernetes client" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_entry_point_starts_fast_without_cdk_and_sigterm_is_clean(proc_env):
     kube, node, spawn = proc_env
     probe = ("import atexit, runpy, sys\n"
