@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -269,6 +270,27 @@ class DevCluster:
             for driver in node.drivers.values():
                 driver.stop()
             node.kubelet.stop()
+
+    def remove(self, keep_dirs: bool = False) -> None:
+        """After stop(): delete what this cluster put on the shared control plane (applied objects, Nodes and
+        their slices), so that later tests of the session see no eks-dra driver's devices; and the node
+        directories unless `keep_dirs` (kept for a failed test's logs)."""
+        dyn = dynamic.DynamicClient(self.api)
+        for obj in reversed(load_documents(self.manifest_paths)):
+            meta = obj["metadata"]
+            try:
+                dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"]).delete(
+                    name=meta["name"], namespace=meta.get("namespace"))
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        for s in self.slices():
+            self.resource.delete_resource_slice(s["metadata"]["name"])
+        for name in self.nodes:
+            self.core.delete_node(name)
+        if not keep_dirs:
+            for node in self.nodes.values():
+                shutil.rmtree(node.root, ignore_errors=True)
 
     # --- reading state --------------------------------------------------------------------
 

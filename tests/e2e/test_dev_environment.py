@@ -40,8 +40,9 @@ NOT_PLACEABLE = {"mig-1g-5gb", "device-plugin-gpu", "device-plugin-efa"}
 
 
 @pytest.fixture(scope="module")
-def dev(control_plane, e2e_binary, tmp_path_factory):
+def dev(control_plane, e2e_binary, tmp_path_factory, request):
     cluster = DevCluster(control_plane, e2e_binary, tmp_path_factory.mktemp("dev-env"))
+    failed_before = request.session.testsfailed
     try:
         cluster.apply_manifests()
         cluster.create_nodes()
@@ -53,6 +54,13 @@ def dev(control_plane, e2e_binary, tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+        failed = request.session.testsfailed > failed_before
+        cluster.remove(keep_dirs=failed)
+        try:
+            cluster.core.delete_namespace(EXTRA_NAMESPACE)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
 
 def test_dev_manifests_are_accepted(dev):
