@@ -288,19 +288,34 @@ class SliceWatch:
         return new_rv
 
 
+# The driver as release N-1 of the checkpoint format: it reads and writes version 1 only (no boot id, no
+# device settings), as the previous release did; everything else is the current code.
+PREVIOUS_CHECKPOINT_VERSION_DRIVER = """
+import sys
+import eks_dra.drivers.checkpoint as checkpoint
+checkpoint.encode.__defaults__ = (1,)
+checkpoint.decode.__defaults__ = (1,)
+checkpoint.CheckpointStore.__init__.__defaults__ = (1, True)
+checkpoint.CheckpointStore.save.__defaults__ = (1, True)
+from eks_dra.drivers.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 # ----- simulated nodes and driver processes --------------------------------------------------------
 
 class DriverProc:
     """One `eks-dra-driver` process (the real entry point) with a metrics port and a log file."""
 
     def __init__(self, node: SimNode, family: str, pod_uid: str | None, extra: list[str],
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, previous_version: bool = False) -> None:
         self.node, self.family, self.pod_uid = node, family, pod_uid
         self.driver = DRIVERS[family]
         self.metrics_port = free_port()
         suffix = f"-{pod_uid[:8]}" if pod_uid else ""
         self.log_path = node.root / f"driver-{family}{suffix}.log"
-        argv = [sys.executable, "-m", "eks_dra.drivers.main", family,
+        entry = ["-c", PREVIOUS_CHECKPOINT_VERSION_DRIVER] if previous_version else ["-m", "eks_dra.drivers.main"]
+        argv = [sys.executable, *entry, family,
                 "--node-name", node.name, "--kubeconfig", str(node.kubeconfig),
                 "--host-root", str(node.host), "--plugins-dir", str(node.kubelet.plugins_dir),
                 "--registry-dir", str(node.kubelet.registry_dir), "--cdi-root", str(node.cdi),
@@ -384,8 +399,8 @@ class SimNode:
         return self.kubelet.root / "cdi"
 
     def start_driver(self, family: str, *extra: str, pod_uid: str | None = None,
-                     env: dict[str, str] | None = None) -> DriverProc:
-        proc = DriverProc(self, family, pod_uid, list(extra), env)
+                     env: dict[str, str] | None = None, previous_version: bool = False) -> DriverProc:
+        proc = DriverProc(self, family, pod_uid, list(extra), env, previous_version)
         self.drivers.append(proc)
         return proc
 

@@ -554,6 +554,64 @@ def test_rolling_update_under_pod_churn_no_failed_prepare_no_slice_deletion(api,
     assert not (node.kubelet.registry_dir / f"{EFA}-{old_uid}-reg.sock").exists()
 
 
+def test_rolling_update_from_the_previous_checkpoint_version_under_churn(api, nodes):
+    """maxSurge upgrade N-1 -> N with live claims: the N-1 pod (checkpoint format 1) still serves while N
+    starts beside it and upgrades the file; no failed prepare, no slice deletion, N-1's claims unprepare
+    cleanly under N."""
+    node = nodes.node("ff-uv", "p5.48xlarge")
+    old_uid, new_uid = "cccccccc-1111-4000-8000-000000000001", "dddddddd-2222-4000-8000-000000000002"
+    old = node.start_driver("gpu", pod_uid=old_uid, previous_version=True)
+    wait_registered(node, old)
+    wait_devices(api, node, old, 8)
+    ns = make_namespace(api, "ff-uv")
+    template = claim_template(api, ns, "one-gpu", ensure_device_class(api, GPU))
+    live = start_pods(api, ns, node, template, 3, "live")
+    live_claims = {uid for pod in live.values() for uid in claim_uids(pod)}
+    store = CheckpointStore(node.state_dir("gpu"), GPU, node.name)
+    assert json.loads(store.path.read_bytes())["version"] == 1
+    watch = SliceWatch(api, node.name).start()
+    stop = threading.Event()
+    created: list[str] = []
+
+    def churn() -> None:  # one GPU pod at a time on the remaining GPUs
+        i = 0
+        while not stop.is_set():
+            name = f"c-{i}"
+            create_pod(api, ns, name, node.name, template)
+            created.append(name)
+            stop.wait(1.5)
+            delete_pod(api, ns, name)
+            i += 1
+
+    loader = threading.Thread(target=churn, daemon=True)
+    loader.start()
+    try:
+        time.sleep(3)
+        new = node.start_driver("gpu", pod_uid=new_uid)
+        wait_registered(node, new)
+        wait_until(lambda: json.loads(store.path.read_bytes())["version"] == 2, 30, what="checkpoint upgraded")
+        time.sleep(3)
+        old_exit = old.terminate()
+        time.sleep(5)
+    finally:
+        stop.set()
+        loader.join(15)
+    failed = [(e["pod"], e["errors"]) for e in node.kubelet.events("prepare") if e.get("errors")]
+    deletions = [e for e in watch.snapshot() if e.type == "DELETED"]
+    watch.stop()
+    record_figure("rolling-update-from-previous-version", pods_created=len(created), failed_prepares=len(failed),
+                  slice_deletions=len(deletions), old_exit=old_exit)
+    assert failed == []
+    assert deletions == []
+    assert old_exit == 0
+    assert live_claims <= checkpoint_claims(node, "gpu")
+    for name in live:
+        delete_pod(api, ns, name)
+    wait_until(lambda: not live_claims & checkpoint_claims(node, "gpu"), 30, what="N-1's claims unprepared")
+    assert [e["errors"] for e in node.kubelet.events("unprepare") if e.get("errors")] == []
+    assert not live_claims & set(node.cdi_specs("gpu"))
+
+
 # ----- double allocation, orphans ------------------------------------------------------------------------------
 
 def test_forged_double_allocation_refused_and_nothing_injected(api, nodes):
