@@ -148,3 +148,37 @@ def test_plan_on_published_resource_slices(tmp_path, capsys):
                                             "spec": {"driver": "x.io", "allNodes": True, "pool": {"name": "p"}}}))
     assert cli.main(["plan", "--slices", str(cluster_wide), "--claims", str(claims)]) == 2
     assert "net.yaml: ResourceSlice net: spec.nodeName: only node-local slices" in capsys.readouterr().err
+
+
+def _config(tmp_path: Path, name: str, drivers: str) -> Path:
+    config = tmp_path / "config"
+    config.mkdir(exist_ok=True)
+    (config / f"{name}.yaml").write_text(
+        f"region: us-east-2\n{drivers}nodeGroups:\n"
+        "  - {name: system, instanceType: m7i.xlarge}\n"
+        "  - {name: p5, instanceType: p5.48xlarge, maxSize: 1}\n")
+    return config
+
+
+def test_vendor_driver_claims_are_reported_not_planned(tmp_path, capsys):
+    # gpu.nvidia.com comes from NVIDIA's chart: its devices are not simulated, so the claim is left out
+    # with a warning naming the class, and the plan still checks the claims it can simulate.
+    config = _config(tmp_path, "vendor", "drivers: {gpu: upstream}\n")
+    user = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "user", "namespace": "dra-samples"},
+            "spec": {"resourceClaims": [{"name": "g", "resourceClaimName": "vendor-gpu"}], "containers": []}}
+    dist = _dist(tmp_path, "vendor", _claim("vendor-gpu", "gpu.nvidia.com"), user,
+                 _claim("efas", "efa.eks-dra.io", 4))
+    code = cli.main(["plan", "-c", "env=vendor", "--config-dir", str(config), "--dist-dir", str(dist)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "1 of 1 claims allocated" in out
+    assert "ResourceClaim dra-samples/vendor-gpu: not planned: DeviceClass gpu.nvidia.com comes from a vendor" in out
+    assert "Pod dra-samples/user: not planned: it uses a claim left out of the plan" in out
+
+
+def test_unknown_class_is_still_bad_input_without_vendor_drivers(tmp_path, capsys):
+    config = _config(tmp_path, "ours", "")
+    dist = _dist(tmp_path, "ours", _claim("vendor-gpu", "gpu.nvidia.com"))
+    code = cli.main(["plan", "-c", "env=ours", "--config-dir", str(config), "--dist-dir", str(dist)])
+    assert code == 2
+    assert "device class gpu.nvidia.com not found" in capsys.readouterr().err

@@ -49,6 +49,7 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when ava
 class Manifests:
     classes: dict[str, DeviceClass] = field(default_factory=dict)
     pods: list[PlanPod] = field(default_factory=list)  # in plan order; they hold the claims
+    skipped: list[str] = field(default_factory=list)  # why claims or pods were left out of the plan
 
 
 @dataclass
@@ -324,9 +325,29 @@ def _pod_count(doc: _Doc) -> tuple[dict, int]:
     return template, count
 
 
-def load_manifests(paths: list[Path], env: CelEnvironment) -> Manifests:
-    """Parse every DeviceClass, claim, template and claim-using workload in the files."""
+def _class_names(spec: Any) -> set[str]:
+    """Every deviceClassName a claim spec asks for (exactly and firstAvailable requests)."""
+    names: set[str] = set()
+    requests = ((spec or {}).get("devices") or {}).get("requests") or [] if isinstance(spec, dict) else []
+    for req in requests if isinstance(requests, list) else []:
+        if not isinstance(req, dict):
+            continue
+        for raw in [req.get("exactly") or req, *(req.get("firstAvailable") or [])]:
+            if isinstance(raw, dict) and isinstance(raw.get("deviceClassName"), str):
+                names.add(raw["deviceClassName"])
+    return names
+
+
+def load_manifests(paths: list[Path], env: CelEnvironment, external_classes: bool = False) -> Manifests:
+    """Parse every DeviceClass, claim, template and claim-using workload in the files.
+
+    With `external_classes`, a claim asking for a DeviceClass that the files do not define is left out
+    of the plan (and said so in `Manifests.skipped`) instead of being an error: an environment that runs
+    a vendor's driver gets that class from the vendor's chart, and eks-dra does not simulate its slices.
+    """
     docs = read_documents(paths)
+    skipped: list[str] = []
+    skipped_refs: set[tuple[str, str, str]] = set()  # (kind, namespace, name)
     loader = _Loader(env)
     for doc in docs:  # classes first: claims may come before their class in the files
         if doc.kind == "DeviceClass" and doc.obj.get("apiVersion") in RESOURCE_API_VERSIONS:
@@ -345,6 +366,15 @@ def load_manifests(paths: list[Path], env: CelEnvironment) -> Manifests:
             raise UserError(f"{doc.source()}: apiVersion {api!r} is not one of {', '.join(RESOURCE_API_VERSIONS)}")
         loader._unique(doc, namespaced=True)
         where = str(doc.source())
+        raw_spec = doc.obj.get("spec") if doc.kind == "ResourceClaim" else (doc.obj.get("spec") or {}).get("spec")
+        missing = sorted(_class_names(raw_spec) - set(loader.classes)) if external_classes else []
+        if missing:
+            what = f"DeviceClass {missing[0]} comes" if len(missing) == 1 else \
+                f"DeviceClasses {', '.join(missing)} come"
+            skipped.append(f"{where}: not planned: {what} from a vendor driver chart whose devices eks-dra "
+                           "does not simulate")
+            skipped_refs.add((doc.kind, doc.namespace, doc.name))
+            continue
         if doc.kind == "ResourceClaim":
             spec = loader.claim_spec(doc.obj.get("spec"), where, "spec", api)
             claims[(doc.namespace, doc.name)] = (doc, PlanClaim(doc.name, doc.namespace, spec, doc.source()))
@@ -371,6 +401,12 @@ def load_manifests(paths: list[Path], env: CelEnvironment) -> Manifests:
         if not entries:
             continue
         where = f"{doc.source()}: {'spec' if doc.kind == 'Pod' else 'pod template spec'}"
+        refs = {("ResourceClaim" if "resourceClaimName" in e else "ResourceClaimTemplate", doc.namespace,
+                 e.get("resourceClaimName") or e.get("resourceClaimTemplateName"))
+                for e in entries if isinstance(e, dict)}
+        if refs & skipped_refs:
+            skipped.append(f"{doc.source()}: not planned: it uses a claim left out of the plan")
+            continue
         for i in range(count):
             pod_name = doc.name if doc.kind in ("Pod", "DaemonSet") else f"{doc.name}-{i}"
             pod_claims: list[PlanClaim] = []
@@ -416,4 +452,4 @@ def load_manifests(paths: list[Path], env: CelEnvironment) -> Manifests:
             claim = PlanClaim(doc.name, doc.namespace, tspec, doc.source())
             units.append((doc.order, PlanPod(doc.name, doc.namespace, [claim], doc.source(), implicit=True)))
     units.sort(key=lambda u: u[0])
-    return Manifests(loader.classes, [pod for _, pod in units])
+    return Manifests(loader.classes, [pod for _, pod in units], skipped)

@@ -61,6 +61,7 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
 
         environment = load_environment(env_name, args.config_dir)
         nodes = nodes_for_environment(environment)
+        vendor_drivers = any(getattr(environment.drivers, f) == "upstream" for f in ("gpu", "efa", "neuron"))
         files = args.claims
         if not files:
             dist = args.dist_dir / env_name
@@ -71,6 +72,7 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
             if not files:
                 raise UserError(f"{dist} holds no *.k8s.yaml manifests: run `make synth ENV={env_name}`")
     else:
+        vendor_drivers = False
         if bool(args.instance_type) == bool(args.slices):
             raise UserError("give --instance-type T or --slices FILE... (with --claims FILE...), or -c env=NAME")
         if not args.claims:
@@ -83,8 +85,10 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
                                             mig_profile=args.mig_profile)
         files = args.claims
     env = CelEnvironment()
-    manifests = load_manifests(list(files), env)
-    return Planner(env, nodes).run(manifests.pods)
+    manifests = load_manifests(list(files), env, external_classes=vendor_drivers)
+    result = Planner(env, nodes).run(manifests.pods)
+    result.warnings.extend(manifests.skipped)
+    return result
 
 
 def run(args: argparse.Namespace) -> int:
