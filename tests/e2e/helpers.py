@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,10 +191,13 @@ class DevCluster:
 
     # --- set-up -------------------------------------------------------------------------
 
-    def apply_manifests(self) -> list[dict]:
-        self.manifest_paths = write_dev_manifests(self.workdir / "dist-dev")
-        self.applied = apply_objects(self.api, load_documents(self.manifest_paths))
-        return self.applied
+    def apply_manifests(self, select: Callable[[Path], bool] = lambda path: True) -> list[dict]:
+        """Synthesize the dev manifests (once) and apply those files that `select` accepts, in file order."""
+        if not self.manifest_paths:
+            self.manifest_paths = write_dev_manifests(self.workdir / "dist-dev")
+        applied = apply_objects(self.api, load_documents(p for p in self.manifest_paths if select(p)))
+        self.applied.extend(applied)
+        return applied
 
     def create_nodes(self) -> None:
         """Node objects as the CDK node groups register them: group labels, accelerator and readiness taints."""
