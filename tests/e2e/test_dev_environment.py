@@ -190,7 +190,7 @@ def claim_of(dev: DevCluster, pod_name: str, ns: str = SAMPLES_NAMESPACE) -> dic
 
 # --- the tests, in the order a cluster lives ------------------------------------------------------------
 
-def test_a_node_identity_cannot_write_other_nodes_or_drivers_slices(dev):
+def test_node_identity_cannot_write_other_nodes_or_drivers_slices(dev):
     """RBAC lets every driver write ResourceSlices; the charts' policies confine it to its node and driver."""
     own, other = "dev-p5-0", "dev-p5-1"
     as_gpu = client.ResourceV1Api(config.new_client_from_config(str(dev.driver_kubeconfig(own, "gpu"))))
@@ -232,7 +232,7 @@ def test_a_node_identity_cannot_write_other_nodes_or_drivers_slices(dev):
         other_gpu["metadata"]["resourceVersion"]
 
 
-def test_b_scheduler_allocates_samples_and_drivers_prepare_them(dev):
+def test_scheduler_allocates_samples_and_drivers_prepare_them(dev):
     for pod in dev.pods(SAMPLES_NAMESPACE):
         name = pod["metadata"]["name"]
         if name not in NOT_PLACEABLE:
@@ -316,7 +316,7 @@ def scheduler_verdicts(dev: DevCluster, namespaces: list[str]) -> Counter:
     return Counter(verdicts.values())
 
 
-def test_c_planner_agrees_with_the_scheduler_on_published_slices(dev, tmp_path):
+def test_planner_agrees_with_the_scheduler_on_published_slices(dev, tmp_path):
     """`eks-dra plan --slices` on the real ResourceSlices gives every claim the scheduler's verdict."""
     # A claim no simulated node can hold: an L40S (g6e) and an EFA on its PCIe root; g6e's EFAs sit on other roots.
     unplaceable = [request("gpu", "gpu", selectors=["device.attributes['gpu.eks-dra.io'].productName.contains('L40S')"]),
@@ -373,7 +373,7 @@ def running_samples(dev: DevCluster) -> dict[str, dict]:
     return {p["metadata"]["name"]: prepared(p) for p in pods}
 
 
-def test_d_driver_restarts_lose_nothing(dev):
+def test_driver_restarts_lose_nothing(dev):
     """SIGTERM then start, and kill -9 then start: prepared claims stay prepared, slices stay, new pods prepare,
     and a pod created while its driver is down is prepared once the driver is back."""
     name = "dev-p5-0"
@@ -410,7 +410,28 @@ def test_d_driver_restarts_lose_nothing(dev):
     assert running_samples(dev) == samples
 
 
-def test_e_api_server_restart_keeps_slices_and_drivers_recover(dev, control_plane):
+def test_kubelet_restart_wipes_slices_and_drivers_republish(dev):
+    """The kubelet deletes its node's ResourceSlices when it starts; the running drivers register again and
+    put their slices back, and what they prepared stays prepared."""
+    name = "dev-p5-1"
+    node = dev.nodes[name]
+    before, samples = node_state(dev, name), running_samples(dev)
+    old_slices = {s["metadata"]["uid"] for s in dev.slices() if s["spec"]["nodeName"] == name}
+    node.kubelet.restart()  # "ready" means its slices were wiped
+    for driver in node.drivers.values():
+        node.kubelet.wait_registered(driver.driver_name, count=2)
+    wait_until(lambda: node_state(dev, name)["devices"] == before["devices"], 60, interval=0.5,
+               what=f"{name}'s slices republished after the kubelet restart")
+    assert not old_slices & {s["metadata"]["uid"] for s in dev.slices() if s["spec"]["nodeName"] == name}
+    assert node_state(dev, name) == before
+    extra_claim(dev, "after-kubelet-restart", [request("gpu", "gpu"), request("efa", "efa", 4)],
+                [{"requests": ["gpu", "efa"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}])
+    extra_pod(dev, "after-kubelet-restart", "after-kubelet-restart", node=name)
+    check_prepared(dev, wait_running(dev, EXTRA_NAMESPACE, "after-kubelet-restart"))
+    assert running_samples(dev) == samples
+
+
+def test_api_server_restart_keeps_slices_and_drivers_recover(dev, control_plane):
     before = sorted(dev.devices())
     samples = running_samples(dev)
     control_plane.restart()
@@ -428,7 +449,7 @@ def test_e_api_server_restart_keeps_slices_and_drivers_recover(dev, control_plan
     assert running_samples(dev) == samples
 
 
-def test_f_deleting_the_pods_unprepares_everything(dev):
+def test_deleting_the_pods_unprepares_everything(dev):
     prepared_uids = {c["uid"] for node in dev.nodes.values() for e in node.kubelet.events("prepare")
                      if not e["errors"] for c in e["claims"]}
     assert len(prepared_uids) >= 11
