@@ -10,6 +10,7 @@ them, the planner is compared with the scheduler, and finally everything is unpr
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -56,8 +57,9 @@ def dev(control_plane, e2e_binary, tmp_path_factory, request):
         yield cluster
     finally:
         cluster.stop()
-        failed = request.session.testsfailed > failed_before
-        cluster.remove(keep_dirs=failed)
+        # Node directories (kubelet and driver logs, CDI roots, checkpoints) stay after a failure or with E2E_KEEP=1.
+        keep = request.session.testsfailed > failed_before or os.environ.get("E2E_KEEP") == "1"
+        cluster.remove(keep_dirs=keep)
         try:
             cluster.core.delete_namespace(EXTRA_NAMESPACE)
         except ApiException as exc:
@@ -480,6 +482,7 @@ def test_deleting_the_pods_unprepares_everything(dev, samples):
     def released():
         claims = dev.claims(SAMPLES_NAMESPACE) + dev.claims(EXTRA_NAMESPACE)
         generated = [c for c in claims if c["metadata"].get("ownerReferences")]
-        return not generated and all(not c.get("status", {}).get("reservedFor") for c in claims)
+        return not generated and all(not (c.get("status") or {}).get("reservedFor")
+                                     and not (c.get("status") or {}).get("allocation") for c in claims)
 
-    wait_until(released, 60, what="generated claims deleted and named claims released")
+    wait_until(released, 60, what="generated claims deleted, named claims released and deallocated")
