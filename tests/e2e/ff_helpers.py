@@ -435,6 +435,13 @@ class NodeFactory:
         self.kubelet_factory = kubelet_factory
         self.sa_kubeconfig_factory = sa_kubeconfig_factory
         self.nodes: list[SimNode] = []
+        self.watches: list[SliceWatch] = []
+
+    def watch(self, node: SimNode) -> SliceWatch:
+        """A started SliceWatch of the node, stopped at teardown even when the test fails."""
+        w = SliceWatch(self.api, node.name).start()
+        self.watches.append(w)
+        return w
 
     def node(self, prefix: str, instance_type: str, *, mig_profile: str | None = None,
              without_driver: bool = False, taints: list[str] = (), name: str | None = None) -> SimNode:
@@ -452,6 +459,8 @@ class NodeFactory:
         return node
 
     def close(self) -> None:
+        for w in self.watches:
+            w.stop()
         for n in self.nodes:
             n.stop_drivers()
         core = client.CoreV1Api(self.api)

@@ -18,8 +18,8 @@ from controlplane import wait_until
 from drivers.kubelet import Kubelet
 from ff_helpers import (
     DRIVERS,
+    FULL,
     NodeFactory,
-    SliceWatch,
     claim_template,
     create_pod,
     delete_pod,
@@ -109,7 +109,7 @@ def test_kubelet_restarts_under_load_keep_slices_and_claims(api, nodes):
 
     loader = threading.Thread(target=churn, daemon=True)
     loader.start()
-    watch = SliceWatch(api, node.name).start()
+    watch = nodes.watch(node)
     recovery: list[float] = []
     try:
         for _ in range(restarts):
@@ -162,7 +162,7 @@ def test_slice_deletions_at_hostile_moments_recreated_and_idle_writes_zero(api, 
     wait_registered(node, efa)
     wait_devices(api, node, gpu, 8)
     wait_devices(api, node, efa, 32)
-    watch = SliceWatch(api, node.name).start()
+    watch = nodes.watch(node)
     resource = client.ResourceV1Api(api)
     recreate: list[float] = []
     rng = random.Random(7)
@@ -279,14 +279,17 @@ def test_node_object_recreated_slices_follow_the_new_node_uid(api, nodes):
         return (pool_complete(items) and sum(len(s["spec"]["devices"]) for s in items) == 8
                 and all(o["uid"] == new_uid for s in items for o in s["metadata"].get("ownerReferences") or []))
 
-    wait_until(owned_by_new_node, 45, interval=0.1, what="slices owned by the new Node")
-    took = time.monotonic() - t0
+    try:
+        wait_until(owned_by_new_node, 45 if FULL else 15, interval=0.1, what="slices owned by the new Node")
+        took: float | None = time.monotonic() - t0
+    except TimeoutError:
+        took = None
     creates = drv.metric("eks_dra_slice_writes_total", op="create") - creates_before
-    record_figure("node-recreated", republished_s=round(took, 3), slice_creates=creates)
+    record_figure("node-recreated", republished_s=took and round(took, 3), slice_creates=creates)
+    assert took is not None and took < 15, "slices not owned by the new Node within 15 s"
+    assert creates <= 10, f"{creates:.0f} slice creates to republish one pool: a write storm"
     time.sleep(3)
     assert owned_by_new_node()  # and they stay (not garbage-collected again)
-    assert creates <= 10, f"{creates:.0f} slice creates to republish one pool: a write storm"
-    assert took < 15
 
 
 def test_slice_deleted_while_a_device_is_withdrawn_comes_back_without_it(api, nodes):
@@ -503,7 +506,7 @@ def test_rolling_update_under_pod_churn_no_failed_prepare_no_slice_deletion(api,
     wait_devices(api, node, old, 32)
     ns = make_namespace(api, "ff-ru")
     template = claim_template(api, ns, "one-efa", ensure_device_class(api, EFA))
-    watch = SliceWatch(api, node.name).start()
+    watch = nodes.watch(node)
     created: list[str] = []
     stop = threading.Event()
 
@@ -569,7 +572,7 @@ def test_rolling_update_from_the_previous_checkpoint_version_under_churn(api, no
     live_claims = {uid for pod in live.values() for uid in claim_uids(pod)}
     store = CheckpointStore(node.state_dir("gpu"), GPU, node.name)
     assert json.loads(store.path.read_bytes())["version"] == 1
-    watch = SliceWatch(api, node.name).start()
+    watch = nodes.watch(node)
     stop = threading.Event()
     created: list[str] = []
 
@@ -732,7 +735,7 @@ def test_host_driver_unloaded_under_a_live_plugin_retaints_node_and_keeps_slices
         return f"{GPU}/not-ready" in {t["key"] for t in raw(core.read_node, node.name)["spec"].get("taints") or []}
 
     wait_until(lambda: not tainted(), 30, what="readiness taint removed")
-    watch = SliceWatch(api, node.name).start()
+    watch = nodes.watch(node)
     t0 = time.monotonic()
     fixture.unload_driver(node.host, "gpu")
     wait_until(tainted, 15, what="node re-tainted")
@@ -755,7 +758,7 @@ def test_plugin_started_before_all_devices_initialised_never_publishes_a_partial
     node = nodes.node("ff-pd", "trn1.32xlarge")
     fixture.remove_devices(node.host, "neuron", 5)  # the Neuron driver is still initialising 5 of 16
     fixture.remove_devices(node.host, "efa", 3)
-    watch = SliceWatch(api, node.name).start()
+    watch = nodes.watch(node)
     neuron, efa = node.start_driver("neuron"), node.start_driver("efa")
     wait_registered(node, neuron)
     wait_registered(node, efa)
@@ -778,7 +781,7 @@ def test_plugin_started_before_all_devices_initialised_never_publishes_a_partial
 
 def test_plugin_started_before_devices_never_publishes_empty_and_node_stays_tainted(api, nodes):
     node = nodes.node("ff-bd", "p5.48xlarge", without_driver=True, taints=["gpu"])
-    watch = SliceWatch(api, node.name).start()
+    watch = nodes.watch(node)
     drv = node.start_driver("gpu")
     wait_registered(node, drv)
     ns = make_namespace(api, "ff-bd")
