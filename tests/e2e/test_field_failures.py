@@ -128,7 +128,7 @@ def test_kubelet_restarts_under_load_keep_slices_and_claims(api, nodes):
         stop.set()
         loader.join(10)
         watch.stop()
-    record_figure("kubelet-restart", restarts=restarts, recovery_s=percentiles(recovery))
+    record_figure("kubelet-restart", restarts=restarts, recovery_s=percentiles(recovery), churn_pods=len(churned))
     assert max(recovery) < 30
     assert drv.running
     wait_devices(api, node, drv, 8, timeout=5)  # and they stayed
