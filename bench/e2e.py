@@ -183,6 +183,7 @@ def main() -> int:
             plan_s, plan_n = planner_rate(slices, root)
         finally:
             dev.stop()
+            dev.remove_dirs()
             cp.stop()
 
     values = sorted(latencies.values())

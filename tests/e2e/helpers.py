@@ -292,8 +292,11 @@ class DevCluster:
         for name in self.nodes:
             self.core.delete_node(name)
         if not keep_dirs:
-            for node in self.nodes.values():
-                shutil.rmtree(node.root, ignore_errors=True)
+            self.remove_dirs()
+
+    def remove_dirs(self) -> None:
+        for node in self.nodes.values():
+            shutil.rmtree(node.root, ignore_errors=True)
 
     # --- reading state --------------------------------------------------------------------
 

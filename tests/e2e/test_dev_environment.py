@@ -3,8 +3,8 @@
 One module-scoped cluster: the synthesized dev manifests applied by server-side apply, four simulated nodes
 (2x p5.48xlarge, trn2.48xlarge, g6e.48xlarge) registered with their node-group labels and taints, a kubelet
 stand-in and our driver processes per node (as their charts' ServiceAccounts, tokens bound to the node).
-The tests run in file order and build on each other: samples run, drivers and the API server restart under
-them, the planner is compared with the scheduler, and finally everything is unprepared.
+The tests follow the life of a cluster in file order (samples run, the planner is compared with the scheduler,
+drivers, a kubelet and the API server restart under them, everything is unprepared); each also runs alone.
 """
 
 from __future__ import annotations
@@ -73,10 +73,16 @@ def test_dev_manifests_are_accepted(dev):
     assert kinds["ValidatingAdmissionPolicy"] == 6 and kinds["ValidatingAdmissionPolicyBinding"] == 6
     assert kinds["DeviceClass"] >= 4 and kinds["ResourceClaimTemplate"] >= 5 and kinds["DaemonSet"] >= 3
     adm = client.AdmissionregistrationV1Api(dev.api)
-    for policy in as_dict(adm.list_validating_admission_policy)["items"]:
-        if policy["metadata"]["name"].startswith("eks-dra-"):
-            # Type-checking of the CEL expressions against the matched resources found nothing to warn about.
-            assert not (policy.get("status", {}).get("typeChecking") or {}).get("expressionWarnings"), policy
+
+    def type_checked():
+        policies = [p for p in as_dict(adm.list_validating_admission_policy)["items"]
+                    if p["metadata"]["name"].startswith("eks-dra-")]
+        done = all((p.get("status") or {}).get("observedGeneration") == p["metadata"]["generation"] for p in policies)
+        return policies if done and len(policies) == 6 else None
+
+    # The API server's type checker compiled every CEL expression against the matched resources' schemas.
+    for policy in wait_until(type_checked, 60, what="type checking of the eks-dra admission policies"):
+        assert not (policy["status"].get("typeChecking") or {}).get("expressionWarnings"), policy
 
 
 def test_drivers_publish_the_simulated_devices_and_untaint(dev):
