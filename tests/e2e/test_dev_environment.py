@@ -189,7 +189,11 @@ def check_prepared(dev: DevCluster, pod: dict) -> list[dict]:
             spec = specs[f"k8s.{driver}-claim_{uid}.json"]
             assert spec["kind"] == f"k8s.{driver}/claim"
             spec_device = next(d for d in spec["devices"] if d["name"] == f"{uid}-{device}")
-            assert spec_device["containerEdits"]["deviceNodes"], spec_device  # the device's /dev nodes
+            nodes = [n["path"] for n in spec_device["containerEdits"]["deviceNodes"]]
+            index = device.rsplit("-", 1)[1]
+            # The device's own /dev node: gpu-3 -> /dev/nvidia3, neuron-5 -> /dev/neuron5, an EFA's uverbs.
+            own = {"gpu": f"/dev/nvidia{index}", "neuron": f"/dev/neuron{index}"}.get(driver.split(".")[0])
+            assert (own in nodes) if own else any(n.startswith("/dev/infiniband/uverbs") for n in nodes), nodes
             assert uid in node.drivers[driver.split(".")[0]].checkpoint_claims()
     return claims
 
@@ -199,6 +203,27 @@ def claim_of(dev: DevCluster, pod_name: str, ns: str = SAMPLES_NAMESPACE) -> dic
 
 
 # --- the tests, in the order a cluster lives ------------------------------------------------------------
+
+def test_daemonsets_land_on_exactly_their_node_groups(dev):
+    """The real DaemonSet controller and scheduler, on the node-group labels and taints: each driver's pods go to
+    the nodes of its family (tolerating the accelerator and readiness taints), device plugins to none of ours."""
+    apps = client.AppsV1Api(dev.api)
+    expected = {f"eks-dra-{f}-driver": sorted(n.name for n in dev.nodes.values() if f in n.families)
+                for f in ("gpu", "efa", "neuron")}
+
+    def placed():
+        placement = {}
+        for ds in as_dict(apps.list_daemon_set_for_all_namespaces)["items"]:
+            selector = ",".join(f"{k}={v}" for k, v in ds["spec"]["selector"]["matchLabels"].items())
+            pods = as_dict(dev.core.list_namespaced_pod, ds["metadata"]["namespace"], label_selector=selector)["items"]
+            placement[ds["metadata"]["name"]] = sorted(p["spec"].get("nodeName") or "-" for p in pods
+                                                      if p["spec"].get("nodeName") in dev.nodes)
+        return placement if all(placement.get(k) == v for k, v in expected.items()) else None
+
+    placement = wait_until(placed, 60, interval=0.5, what=f"driver DaemonSet pods on {expected}")
+    device_plugins = {k: v for k, v in placement.items() if k not in expected}
+    assert device_plugins and not any(device_plugins.values()), placement
+
 
 def test_node_identity_cannot_write_other_nodes_or_drivers_slices(dev):
     """RBAC lets every driver write ResourceSlices; the charts' policies confine it to its node and driver."""
