@@ -13,7 +13,7 @@ export CDK_DISABLE_VERSION_CHECK := 1
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: deps synth test lint e2e bench gpu-check protos clean
+.PHONY: deps synth test lint e2e bench bench-e2e gpu-check protos clean
 
 deps: $(PY_STAMP) $(NODE_STAMP)
 
@@ -47,6 +47,13 @@ bench: deps
 	$(PY) bench/synth.py
 	$(PY) bench/plan.py
 	$(PY) bench/driver.py
+
+# The real-control-plane figures (Go toolchain needed): pod-to-prepared latency, scheduler vs planner,
+# and the field-failure scenarios at the issue's full counts.
+bench-e2e: deps
+	bash tests/e2e/build.sh
+	$(PY) bench/e2e.py
+	$(PY) bench/field_failures.py
 
 gpu-check: deps
 	$(PY) -m eks_dra.drivers.gpu_check
