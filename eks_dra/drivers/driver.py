@@ -109,6 +109,7 @@ class Driver:
         self.readiness = ReadinessTaint(api, cfg.driver_name, cfg.node_name, self.events)
         self.publisher = SlicePublisher(api, cfg.driver_name, cfg.node_name, self.metrics,
                                         resync_s=cfg.resync_interval_s, on_synced=self._on_synced)
+        self.publisher.refresh_owner = self._node_uid
         self.reconciler = Reconciler(self.state, cfg.reconcile_interval_s)
         self._corrupt_seen = threading.Event()
         self.state.on_corrupt = self._corrupt_seen.set
@@ -313,6 +314,11 @@ class Driver:
                 log.warning("cannot read the Node", extra={"error": str(exc)})
                 delay = min(delay * 2, 10.0)
             self._stop.wait(delay)
+
+    def _node_uid(self) -> str:
+        uid = self.api.get_node(self.cfg.node_name)["metadata"]["uid"]
+        self.events.node_uid = uid
+        return uid
 
     def _on_synced(self, in_sync: bool) -> None:
         ready = (in_sync and self.inventory.ready and not self.publisher.blocked

@@ -77,6 +77,11 @@ class SlicePublisher:
         self.on_synced = on_synced  # called with True when the API matches the desired slices
         self.selector = f"spec.nodeName={node_name},spec.driver={driver}"
         self.node_uid = ""
+        # Returns the Node's current UID. Called before writing after someone else deleted our slices: the
+        # garbage collector does that when the Node was deleted and registered again, and slices owned by
+        # the dead UID would be collected again at once (a write storm until the next Node poll).
+        self.refresh_owner: Callable[[], str] | None = None
+        self._owner_stale = False
         self.blocked = ""  # non-empty: publishing refused (safety), with the reason
         self._devices: list | None = None
         self._observed: dict[str, dict] = {}
@@ -179,6 +184,7 @@ class SlicePublisher:
             self._seen_rv[name] = max(_rv(obj), self._seen_rv.get(name, self._list_rv))
             if kind == "DELETED":
                 self._observed.pop(name, None)
+                self._owner_stale = True
                 log.info("slice deleted by someone else", extra={"slice": name})
             else:
                 self._observed[name] = obj
@@ -247,6 +253,7 @@ class SlicePublisher:
         """Make the API match the desired slices; True when they match (no writes when they already do)."""
         if self.blocked:
             self._withdraw()
+        self._check_owner()
         want = self.desired()
         if want is None:
             self.in_sync.clear()
@@ -280,6 +287,16 @@ class SlicePublisher:
         if self.on_synced:
             self.on_synced(True)
         return True
+
+    def _check_owner(self) -> None:
+        """Re-read the Node's UID after a foreign deletion; a missing Node raises (404) and is retried."""
+        if not (self._owner_stale and self.refresh_owner):
+            return
+        uid = self.refresh_owner()
+        self._owner_stale = False
+        if uid and uid != self.node_uid:
+            log.info("Node registered again: slices follow its new UID", extra={"node_uid": uid})
+            self.node_uid = uid
 
     def _withdraw(self) -> None:
         """Publishing is refused (another manager owns these devices): take our slices back."""

@@ -248,13 +248,6 @@ def test_slice_deleted_while_the_watch_reconnects_after_an_apiserver_restart(api
     assert drv.running and efa.running
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "driver bug: the Node UID used as the slices' ownerReference is refreshed only by Driver._node_loop, every "
-    "--resync-interval (30 s) after its last successful GET. When the Node object is deleted and registered again "
-    "(new UID), SlicePublisher keeps re-creating the slices owned by the dead UID, the garbage collector deletes "
-    "each at once, and the watch triggers the next create: ~15 creates/s (405 measured) for up to 30 s, and the "
-    "pool is usable only after that (27 s measured). Fix: re-read the Node when our slices are deleted by "
-    "someone else (or watch the Node) so the new UID is used immediately."))
 def test_node_object_recreated_slices_follow_the_new_node_uid(api, nodes):
     """The Node object is deleted and the kubelet registers it again (new UID): the garbage collector deletes
     slices owned by the old UID, so the driver must republish them owned by the new Node, quickly and without
