@@ -127,6 +127,24 @@ def test_reprepare_rewrites_missing_spec(p5):
     kubelets["efa"].unprepare([claim])
 
 
+def test_missing_device_node_refused_until_it_is_back(p5):
+    # The host driver went away between two inventory polls: no CDI spec may name a /dev node that is gone.
+    kube, node, drivers, kubelets = p5
+    dev = node.host / "dev" / "nvidia7"
+    saved = dev.read_bytes()
+    dev.unlink()
+    try:
+        claim, entry = prepare_one(kube, kubelets["gpu"], make_claim(GPU, "node-a", ["gpu-7"], name="no-dev-node"))
+        assert "device node /dev/nvidia7 of gpu-7 is missing on node node-a" in entry.error
+        assert not (node.cdi / f"k8s.{GPU}-claim_{claim['metadata']['uid']}.json").exists()
+        assert claim["metadata"]["uid"] not in drivers["gpu"].store.load().claims
+    finally:
+        dev.write_bytes(saved)
+    again = kubelets["gpu"].prepare([claim])[claim["metadata"]["uid"]]
+    assert again.error == "" and len(again.devices) == 1
+    kubelets["gpu"].unprepare([claim])
+
+
 def hostile_cases(node_name: str):
     """(description, claim to store or None, ref override) — each must get a per-claim error."""
     good = lambda **kw: make_claim(GPU, node_name, ["gpu-4"], **kw)  # noqa: E731

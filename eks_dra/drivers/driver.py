@@ -101,7 +101,7 @@ class Driver:
         self.state = DeviceState(driver=cfg.driver_name, family=cfg.family, node_name=cfg.node_name, api=api,
                                  inventory=self.inventory, store=self.store, cdi=self.cdi,
                                  setup=DeviceSetup.for_node(cfg.family), lock=self.lock, metrics=self.metrics,
-                                 events=self.events)
+                                 events=self.events, host_root=cfg.host_root)
         self.health_stream = HealthStreamServicer(cfg.node_name, self.inventory) if cfg.dra_health_stream else None
         self.servers = PluginServers(driver=cfg.driver_name, state=self.state, registry_dir=cfg.registry_dir,
                                      plugins_dir=cfg.plugins_dir, pod_uid=cfg.pod_uid,

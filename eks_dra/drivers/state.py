@@ -21,6 +21,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import cdi as cdi_mod
 from .checkpoint import (
@@ -86,8 +87,12 @@ def _node_selector_names(selector: dict) -> set[str] | None:
 
 class DeviceState:
     def __init__(self, *, driver: str, family: str, node_name: str, api, inventory, store: CheckpointStore,
-                 cdi: cdi_mod.CdiDir, setup: DeviceSetup, lock: NodeLock, metrics, events) -> None:
+                 cdi: cdi_mod.CdiDir, setup: DeviceSetup, lock: NodeLock, metrics, events,
+                 host_root: Path | None = None) -> None:
         self.driver, self.family, self.node_name = driver, family, node_name
+        # Where the node's /dev is visible to us: a CDI spec must never name a device node that is gone
+        # (host driver unloaded between two inventory polls); the container would fail to start.
+        self.host_root = host_root
         self.api, self.inventory, self.store, self.cdi = api, inventory, store, cdi
         self.setup, self.lock, self.metrics, self.events = setup, lock, metrics, events
         self.on_corrupt = lambda: None  # the driver moves a checkpoint that went bad at run time aside
@@ -176,6 +181,7 @@ class DeviceState:
         seen = [p.device_name for p in planned if not p.admin_access]
         if len(seen) != len(set(seen)):
             raise ClaimError("the allocation names the same device twice")
+        self._check_device_nodes(planned)
         return planned
 
     def commit(self, ref: ClaimRef, planned: list[PlannedDevice]) -> list[PreparedDevice]:
@@ -231,6 +237,16 @@ class DeviceState:
         spec = cdi_mod.build_spec(self.driver, rec.uid, edits, list(self.inventory.common_device_nodes), env)
         self.cdi.write(rec.uid, spec)
         rec.cdi_spec = self.cdi.path(rec.uid).name
+
+    def _check_device_nodes(self, planned: list[PlannedDevice]) -> None:
+        if self.host_root is None:
+            return
+        owners = [(p.device_name, list(self.inventory.get(p.device_name)[0].device_nodes)) for p in planned]
+        for owner, paths in [*owners, ("the claim", list(self.inventory.common_device_nodes))]:
+            for path in paths:
+                if not (self.host_root / path.lstrip("/")).exists():
+                    raise ClaimError(f"device node {path} of {owner} is missing on node {self.node_name} "
+                                     "(device driver not loaded?); the kubelet retries once it is back")
 
     def ensure_spec(self, rec: ClaimRecord) -> None:
         """Rewrite a prepared claim's CDI spec if it is gone (tmpfs after reboot, wiped directory)."""
