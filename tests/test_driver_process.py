@@ -7,7 +7,6 @@ import importlib.metadata
 import json
 import random
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -17,8 +16,7 @@ import urllib.request
 
 import grpc
 import pytest
-from drivers.fake_kube import FakeKube
-from drivers.harness import DRIVERS, REPO, DriverProcess, Node, connect, make_claim, short_tmp, wait_for
+from drivers.harness import DRIVERS, REPO, Sandbox, connect, make_claim, wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from eks_dra.drivers.checkpoint import CheckpointStore
@@ -39,23 +37,10 @@ def free_port() -> int:
 
 @pytest.fixture
 def proc_env():
-    base = short_tmp()
-    kube = FakeKube()
-    node = Node(base / "a", "p5.48xlarge", "node-a")
-    kube.add_node("node-a", taints=[{"key": taint_key(GPU), "value": "true", "effect": "NoSchedule"}])
-    kubeconfig = kube.write_kubeconfig(base / "kubeconfig")
-    procs: list[DriverProcess] = []
-
-    def spawn(*extra, family="gpu", env=None):
-        p = DriverProcess(node, family, kubeconfig, *extra, env=env)
-        procs.append(p)
-        return p
-
-    yield kube, node, spawn
-    for p in procs:
-        p.close()
-    kube.close()
-    shutil.rmtree(base, ignore_errors=True)
+    box = Sandbox()
+    node = box.node(directory="a", taints=[{"key": taint_key(GPU), "value": "true", "effect": "NoSchedule"}])
+    yield box.kube, node, lambda *extra, family="gpu", env=None: box.spawn(node, family, *extra, env=env)
+    box.close()
 
 
 def test_bad_flags_exit_2():

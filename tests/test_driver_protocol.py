@@ -4,12 +4,10 @@ same .proto files (registration, version negotiation, prepare, unprepare, idempo
 from __future__ import annotations
 
 import json
-import shutil
 
 import grpc
 import pytest
-from drivers.fake_kube import FakeKube
-from drivers.harness import DRIVERS, Node, kubelet_for, make_claim, short_tmp, start_driver, wait_for
+from drivers.harness import DRIVERS, Sandbox, kubelet_for, make_claim, wait_for
 from drivers.kubelet import Kubelet
 
 from eks_dra.drivers import cdi
@@ -20,22 +18,10 @@ GPU = DRIVERS["gpu"]
 
 @pytest.fixture
 def env():
-    base = short_tmp()
-    kube = FakeKube()
-    node = Node(base, "p5.48xlarge", "node-a")
-    kube.add_node("node-a")
-    drivers = []
-
-    def start(family="gpu", **kw):
-        d = start_driver(kube, node, family, **kw)
-        drivers.append(d)
-        return d
-
-    yield kube, node, start
-    for d in drivers:
-        d.stop(1)
-    kube.close()
-    shutil.rmtree(base, ignore_errors=True)
+    box = Sandbox()
+    node = box.node(directory="a")
+    yield box.kube, node, lambda family="gpu", **kw: box.start(node, family, **kw)
+    box.close(1)
 
 
 def test_stubs_match_protos():

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
-from drivers.fake_kube import FakeKube
-from drivers.harness import DRIVERS, Node, kubelet_for, make_claim, short_tmp, start_driver, wait_for
+from drivers.harness import DRIVERS, Sandbox, kubelet_for, make_claim, wait_for
 
 from eks_dra.drivers import fixture
 from eks_dra.drivers.checkpoint import (
@@ -26,22 +24,10 @@ GPU, EFA = DRIVERS["gpu"], DRIVERS["efa"]
 
 @pytest.fixture
 def node_env():
-    base = short_tmp()
-    kube = FakeKube()
-    node = Node(base / "a", "p5.48xlarge", "node-a")
-    kube.add_node("node-a")
-    running = []
-
-    def start(family="gpu", **kw):
-        d = start_driver(kube, node, family, **kw)
-        running.append(d)
-        return d
-
-    yield kube, node, start
-    for d in running:
-        d.stop(0.5)
-    kube.close()
-    shutil.rmtree(base, ignore_errors=True)
+    box = Sandbox()
+    node = box.node(directory="a")
+    yield box.kube, node, lambda family="gpu", **kw: box.start(node, family, **kw)
+    box.close()
 
 
 def spec_path(node, driver, uid):

@@ -3,14 +3,13 @@ processes: no failed prepare, no slice deletion by the drivers, no prepared clai
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 
 import grpc
 import pytest
 from drivers.fake_kube import FakeKube
-from drivers.harness import DRIVERS, DriverProcess, Node, connect, make_claim, short_tmp, wait_for
+from drivers.harness import DRIVERS, Sandbox, connect, make_claim, wait_for
 from drivers.kubelet import Kubelet
 
 from eks_dra.drivers.checkpoint import CheckpointStore
@@ -58,23 +57,10 @@ class Churn:
 
 @pytest.fixture
 def rollout_env():
-    base = short_tmp()
-    kube = FakeKube()
-    node = Node(base / "a", "p5.48xlarge", "node-a")
-    kube.add_node("node-a")
-    kubeconfig = kube.write_kubeconfig(base / "kubeconfig")
-    procs: list[DriverProcess] = []
-
-    def spawn(pod_uid: str) -> DriverProcess:
-        p = DriverProcess(node, "efa", kubeconfig, "--pod-uid", pod_uid)
-        procs.append(p)
-        return p
-
-    yield kube, node, spawn
-    for p in procs:
-        p.close()
-    kube.close()
-    shutil.rmtree(base, ignore_errors=True)
+    box = Sandbox()
+    node = box.node(directory="a")
+    yield box.kube, node, lambda pod_uid: box.spawn(node, "efa", "--pod-uid", pod_uid)
+    box.close()
 
 
 def test_rolling_update_disrupts_nothing(rollout_env):

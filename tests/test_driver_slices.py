@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import random
-import shutil
 import threading
 import time
 
 import pytest
 from drivers.fake_kube import FakeKube
-from drivers.harness import DRIVERS, Node, make_claim, short_tmp, start_driver, wait_for
+from drivers.harness import DRIVERS, Sandbox, make_claim, short_tmp, wait_for
 
 from eks_dra.devices import Device
 from eks_dra.drivers import fixture
@@ -24,25 +23,9 @@ NOT_READY = {"key": taint_key(GPU), "value": "true", "effect": "NoSchedule"}
 
 @pytest.fixture
 def cluster():
-    base = short_tmp()
-    kube = FakeKube()
-    started = []
-
-    def node(name="node-a", instance_type="p5.48xlarge", taints=None, **kw):
-        n = Node(base / name, instance_type, name, **kw)
-        kube.add_node(name, taints=taints)
-        return n
-
-    def start(n, family="gpu", **kw):
-        d = start_driver(kube, n, family, **kw)
-        started.append(d)
-        return d
-
-    yield kube, node, start
-    for d in started:
-        d.stop(0.5)
-    kube.close()
-    shutil.rmtree(base, ignore_errors=True)
+    box = Sandbox()
+    yield box.kube, box.node, box.start
+    box.close()
 
 
 def devices_in(kube, node, driver):

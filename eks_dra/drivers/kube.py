@@ -18,6 +18,7 @@ import json
 import re
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 DEFAULT_TIMEOUT = (3.05, 15)  # (connect, read) seconds for ordinary calls
@@ -102,6 +103,17 @@ def api_client(kubeconfig: str | None):
     return ApiClient(configuration=cfg)
 
 
+def json_lines(resp) -> Iterator[dict]:
+    """The JSON documents of a raw watch response (one per line), as they arrive."""
+    buffer = b""
+    for chunk in resp.stream(4096, decode_content=False):
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                yield json.loads(line)
+
+
 class KubeApi:
     """The few API calls the drivers make, as plain dicts."""
 
@@ -150,13 +162,7 @@ class KubeApi:
         except Exception as exc:
             raise ApiError(0, f"{type(exc).__name__}: {exc}") from None
         try:
-            buffer = b""
-            for chunk in resp.stream(4096, decode_content=False):
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        yield json.loads(line)
+            yield from json_lines(resp)
         except Exception as exc:
             raise ApiError(0, f"watch interrupted: {type(exc).__name__}: {exc}") from None
         finally:

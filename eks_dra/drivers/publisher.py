@@ -18,30 +18,24 @@
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
-from decimal import Decimal
+from fractions import Fraction
 
 from eks_dra.devices import resource_slices
+from eks_dra.devices.model import parse_quantity
 
 from .kube import ApiError
 
 log = logging.getLogger(__name__)
 BACKOFF_START_S, BACKOFF_MAX_S = 0.2, 10.0
-_QUANTITY_RE = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?\d+)?)([a-zA-Z]*)$")
-_SUFFIX = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "n": Decimal("1e-9"),
-           "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-           "E": 10**18}
-
-
-def quantity_value(text: str) -> Decimal | str:
+def quantity_value(text: str) -> Fraction | str:
     """A Kubernetes quantity as a number: the API server canonicalizes ("81920Mi" comes back "80Gi")."""
-    m = _QUANTITY_RE.match(str(text).strip())
-    if not m or m.group(2) not in _SUFFIX:
+    try:
+        return parse_quantity(str(text))
+    except ValueError:
         return str(text)
-    return Decimal(m.group(1)) * Decimal(_SUFFIX[m.group(2)])
 
 
 def _normal_devices(devices: list[dict]) -> list:
@@ -275,12 +269,7 @@ class SlicePublisher:
                 self._record_write("update", name, updated)
         for name, o in observed.items():
             if name not in wanted_names:
-                try:
-                    self.api.delete_slice(name, o["metadata"].get("resourceVersion"))
-                except ApiError as exc:
-                    if exc.status != 404:
-                        raise
-                self._record_write("delete", name, None)
+                self._delete(name, o)
         device_count = sum(len(s["spec"]["devices"]) for s in want)
         self.metrics.published_devices.labels(self.driver).set(device_count)
         self.in_sync.set()
@@ -303,13 +292,17 @@ class SlicePublisher:
         with self._cond:
             observed = dict(self._observed)
         for name, o in observed.items():
-            try:
-                self.api.delete_slice(name, o["metadata"].get("resourceVersion"))
-            except ApiError as exc:
-                if exc.status != 404:
-                    raise
-            self._record_write("delete", name, None)
+            self._delete(name, o)
         self.metrics.published_devices.labels(self.driver).set(0)
+
+    def _delete(self, name: str, observed: dict) -> None:
+        """Delete one of our slices at the version we saw; already gone is fine."""
+        try:
+            self.api.delete_slice(name, observed["metadata"].get("resourceVersion"))
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+        self._record_write("delete", name, None)
 
     def _record_write(self, op: str, name: str, obj: dict | None) -> None:
         self.writes += 1

@@ -20,11 +20,11 @@ import cel
 from cel import stdlib as cel_stdlib
 
 from eks_dra.devices import AttributeValue, Version
+from eks_dra.devices.model import parse_quantity
 from eks_dra.errors import UserError
 
 from .values import (
     compare_semver,
-    parse_quantity,
     parse_semver,
     quantity_of,
     quantity_value,

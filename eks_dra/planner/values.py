@@ -11,29 +11,10 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from eks_dra.devices.model import parse_quantity
+
 QUANTITY_KEY = "@quantity"
 SEMVER_KEY = "@semver"
-
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": Fraction(1),
-            "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
-            "P": Fraction(10**15), "E": Fraction(10**18)}
-# <signedNumber><suffix>, suffix one of the binary SI, decimal SI or a decimal exponent (e3, E-2).
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$")
-
-
-def parse_quantity(text: str) -> Fraction:
-    """The exact value of a Kubernetes quantity string; ValueError when it is not one."""
-    m = _QUANTITY.match(text.strip()) if isinstance(text, str) else None
-    if not m:
-        raise ValueError(f"{text!r} is not a Kubernetes quantity (e.g. 80Gi, 500m, 1e3)")
-    number, suffix = Fraction(m.group(1)), m.group(2) or ""
-    if suffix in _BINARY:
-        return number * _BINARY[suffix]
-    if suffix in _DECIMAL:
-        return number * _DECIMAL[suffix]
-    return number * Fraction(10) ** int(suffix[1:])
-
 
 def quantity_value(text: str) -> dict[str, str]:
     return {QUANTITY_KEY: str(parse_quantity(text))}

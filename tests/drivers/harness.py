@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,6 +80,44 @@ def start_driver(kube: FakeKube, node: Node, family: str, **overrides) -> Driver
     driver = Driver(node.config(family, **overrides), api, inventory, health)
     driver.start()
     return driver
+
+
+class Sandbox:
+    """A fake API server, simulated nodes under one short temp dir, and every driver started on them.
+
+    `close()` stops the drivers (in-process and child processes), the API server and removes the files.
+    """
+
+    def __init__(self) -> None:
+        self.base = short_tmp()
+        self.kube = FakeKube()
+        self.kubeconfig = self.kube.write_kubeconfig(self.base / "kubeconfig")  # for driver processes
+        self._drivers: list[Driver] = []
+        self._procs: list[DriverProcess] = []
+
+    def node(self, name: str = "node-a", instance_type: str = "p5.48xlarge", *, taints: list | None = None,
+             directory: str | None = None, **kw) -> Node:
+        node = Node(self.base / (directory or name), instance_type, name, **kw)
+        self.kube.add_node(name, taints=taints)
+        return node
+
+    def start(self, node: Node, family: str = "gpu", **overrides) -> Driver:
+        driver = start_driver(self.kube, node, family, **overrides)
+        self._drivers.append(driver)
+        return driver
+
+    def spawn(self, node: Node, family: str, *extra: str, env: dict | None = None) -> DriverProcess:
+        proc = DriverProcess(node, family, self.kubeconfig, *extra, env=env)
+        self._procs.append(proc)
+        return proc
+
+    def close(self, grace_s: float = 0.5) -> None:
+        for driver in self._drivers:
+            driver.stop(grace_s)
+        for proc in self._procs:
+            proc.close()
+        self.kube.close()
+        shutil.rmtree(self.base, ignore_errors=True)
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):

@@ -29,6 +29,7 @@ from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from eks_dra.drivers import fixture
+from eks_dra.drivers.kube import json_lines
 
 FULL = os.environ.get("EKS_DRA_FF_FULL") == "1"
 DRIVERS = {"gpu": "gpu.eks-dra.io", "efa": "efa.eks-dra.io", "neuron": "neuron.eks-dra.io"}
@@ -181,6 +182,47 @@ def delete_pod(api: client.ApiClient, ns: str, name: str) -> None:
             raise
 
 
+class PodChurn:
+    """Load for a scenario: a pod on `node` every `interval_s`, each deleted after `lifetime_s`.
+
+    With `lifetime_s == interval_s` the previous pod is deleted just before the next is created (one pod at a
+    time). Use as a context manager: leaving it stops the churn and deletes the pods still alive.
+    """
+
+    def __init__(self, api: client.ApiClient, ns: str, node: str, template: str, *, prefix: str,
+                 interval_s: float, lifetime_s: float, join_s: float = 15) -> None:
+        self.api, self.ns, self.node, self.template = api, ns, node, template
+        self.prefix, self.interval_s, self.lifetime_s, self.join_s = prefix, interval_s, lifetime_s, join_s
+        self.created: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PodChurn:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(self.join_s)
+
+    def _run(self) -> None:
+        live: list[tuple[float, str]] = []
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            while live and now - live[0][0] >= self.lifetime_s:
+                delete_pod(self.api, self.ns, live.pop(0)[1])
+            if now >= next_at:
+                name = f"{self.prefix}-{len(self.created)}"
+                create_pod(self.api, self.ns, name, self.node, self.template)
+                self.created.append(name)
+                live.append((now, name))
+                next_at += self.interval_s
+            self._stop.wait(min(0.1, max(0.0, next_at - time.monotonic())))
+        for _, name in live:
+            delete_pod(self.api, self.ns, name)
+
+
 def node_events(api: client.ApiClient, node: str, reason: str | None = None) -> list[dict]:
     selector = f"involvedObject.kind=Node,involvedObject.name={node}"
     if reason:
@@ -258,13 +300,8 @@ class SliceWatch:
                 resp = self.resource.list_resource_slice(
                     field_selector=selector, watch=True, resource_version=rv, allow_watch_bookmarks=True,
                     timeout_seconds=2, _preload_content=False, _request_timeout=(3, 10))
-                buffer = b""
-                for chunk in resp.stream(4096, decode_content=False):
-                    buffer += chunk
-                    while b"\n" in buffer:
-                        line, buffer = buffer.split(b"\n", 1)
-                        if line.strip():
-                            rv = self._handle(json.loads(line), rv)
+                for event in json_lines(resp):
+                    rv = self._handle(event, rv)
                 resp.release_conn()
             except Exception:  # noqa: BLE001 - the API restarting in a test: resume from rv
                 if self._stop.wait(0.2):

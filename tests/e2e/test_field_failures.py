@@ -20,6 +20,7 @@ from ff_helpers import (
     DRIVERS,
     FULL,
     NodeFactory,
+    PodChurn,
     claim_template,
     create_pod,
     delete_pod,
@@ -94,41 +95,28 @@ def test_kubelet_restarts_under_load_keep_slices_and_claims(api, nodes):
     steady_claims = {uid for pod in steady.values() for uid in claim_uids(pod)}
     assert len(steady_claims) == 4
 
-    stop = threading.Event()
-    churned: list[str] = []
-
-    def churn() -> None:  # load: a pod comes and goes on the remaining GPUs while the kubelet restarts
-        i = 0
-        while not stop.is_set():
-            name = f"churn-{i}"
-            create_pod(api, ns, name, node.name, template)
-            churned.append(name)
-            stop.wait(2)
-            delete_pod(api, ns, name)
-            i += 1
-
-    loader = threading.Thread(target=churn, daemon=True)
-    loader.start()
     watch = nodes.watch(node)
     recovery: list[float] = []
     try:
-        for _ in range(restarts):
-            node.kubelet.stop()
-            seen = len(watch.snapshot())
-            node.kubelet.start()  # returns once the stand-in has wiped the node's slices
-            wait_devices(api, node, drv, 8, timeout=30)
-            time.sleep(0.5)
-            events = watch.snapshot()[seen:]
-            deleted = [e.at for e in events if e.type == "DELETED"]
-            assert deleted, "the kubelet start did not wipe the slices"
-            back = [e.at for e in events if e.type == "ADDED" and e.at > deleted[-1]]
-            assert back, "slices not recreated after the last wipe"
-            recovery.append(back[-1] - deleted[0])  # first wipe -> the pool complete again
+        # load: a pod comes and goes on the remaining GPUs while the kubelet restarts
+        with PodChurn(api, ns, node.name, template, prefix="churn", interval_s=2, lifetime_s=2,
+                      join_s=10) as churn:
+            for _ in range(restarts):
+                node.kubelet.stop()
+                seen = len(watch.snapshot())
+                node.kubelet.start()  # returns once the stand-in has wiped the node's slices
+                wait_devices(api, node, drv, 8, timeout=30)
+                time.sleep(0.5)
+                events = watch.snapshot()[seen:]
+                deleted = [e.at for e in events if e.type == "DELETED"]
+                assert deleted, "the kubelet start did not wipe the slices"
+                back = [e.at for e in events if e.type == "ADDED" and e.at > deleted[-1]]
+                assert back, "slices not recreated after the last wipe"
+                recovery.append(back[-1] - deleted[0])  # first wipe -> the pool complete again
     finally:
-        stop.set()
-        loader.join(10)
         watch.stop()
-    record_figure("kubelet-restart", restarts=restarts, recovery_s=percentiles(recovery), churn_pods=len(churned))
+    record_figure("kubelet-restart", restarts=restarts, recovery_s=percentiles(recovery),
+                  churn_pods=len(churn.created))
     assert max(recovery) < 30
     assert drv.running
     wait_devices(api, node, drv, 8, timeout=5)  # and they stayed
@@ -500,41 +488,16 @@ def test_rolling_update_under_pod_churn_no_failed_prepare_no_slice_deletion(api,
     ns = make_namespace(api, "ff-ru")
     template = claim_template(api, ns, "one-efa", ensure_device_class(api, EFA))
     watch = nodes.watch(node)
-    created: list[str] = []
-    stop = threading.Event()
-
-    def churn() -> None:
-        interval = 60 / rate_per_min
-        live: list[tuple[float, str]] = []
-        i = 0
-        next_at = time.monotonic()
-        while not stop.is_set():
-            now = time.monotonic()
-            while live and now - live[0][0] > 6:  # each pod lives ~6 s
-                delete_pod(api, ns, live.pop(0)[1])
-            if now >= next_at:
-                name = f"p-{i}"
-                create_pod(api, ns, name, node.name, template)
-                created.append(name)
-                live.append((now, name))
-                i += 1
-                next_at += interval
-            stop.wait(0.1)
-        for _, name in live:
-            delete_pod(api, ns, name)
-
-    loader = threading.Thread(target=churn, daemon=True)
-    loader.start()
-    try:
+    # 50 pod creations a minute, each pod living ~6 s, across the whole upgrade
+    with PodChurn(api, ns, node.name, template, prefix="p", interval_s=60 / rate_per_min, lifetime_s=6,
+                  join_s=30) as churn:
         time.sleep(duration / 3)
         new = node.start_driver("efa", pod_uid=new_uid)  # maxSurge: 1, the new pod beside the old one
         wait_registered(node, new)
         time.sleep(duration / 6)
         assert old.terminate() == 0
         time.sleep(duration / 2)
-    finally:
-        stop.set()
-        loader.join(30)
+    created = churn.created
     running = [n for n in created if (p := pod_state(api, ns, n)) is None or prepared(p)]
     failed = [(e["pod"], e["errors"]) for e in node.kubelet.events("prepare") if e.get("errors")]
     deletions = [e for e in watch.snapshot() if e.type == "DELETED"]
@@ -566,22 +529,8 @@ def test_rolling_update_from_the_previous_checkpoint_version_under_churn(api, no
     store = CheckpointStore(node.state_dir("gpu"), GPU, node.name)
     assert json.loads(store.path.read_bytes())["version"] == 1
     watch = nodes.watch(node)
-    stop = threading.Event()
-    created: list[str] = []
-
-    def churn() -> None:  # one GPU pod at a time on the remaining GPUs
-        i = 0
-        while not stop.is_set():
-            name = f"c-{i}"
-            create_pod(api, ns, name, node.name, template)
-            created.append(name)
-            stop.wait(1.5)
-            delete_pod(api, ns, name)
-            i += 1
-
-    loader = threading.Thread(target=churn, daemon=True)
-    loader.start()
-    try:
+    # one GPU pod at a time on the remaining GPUs
+    with PodChurn(api, ns, node.name, template, prefix="c", interval_s=1.5, lifetime_s=1.5) as churn:
         time.sleep(3)
         new = node.start_driver("gpu", pod_uid=new_uid)
         wait_registered(node, new)
@@ -589,9 +538,7 @@ def test_rolling_update_from_the_previous_checkpoint_version_under_churn(api, no
         time.sleep(3)
         old_exit = old.terminate()
         time.sleep(5)
-    finally:
-        stop.set()
-        loader.join(15)
+    created = churn.created
     failed = [(e["pod"], e["errors"]) for e in node.kubelet.events("prepare") if e.get("errors")]
     deletions = [e for e in watch.snapshot() if e.type == "DELETED"]
     watch.stop()
