@@ -33,7 +33,7 @@ from helpers import BIN, SAMPLES_NAMESPACE, DevCluster, as_dict, pod_running, pr
 from kubernetes import watch  # noqa: E402
 
 from eks_dra.catalog import get_instance_type  # noqa: E402
-from eks_dra.devices import resource_slices, simulate_node  # noqa: E402
+from eks_dra.devices import DEFAULT_DRIVER_NAMES, resource_slices, simulate_node  # noqa: E402
 
 BENCH_NODES, BENCH_CLAIMS = 25, 200
 BENCH_NAMESPACE = "bench-scheduler"
@@ -103,7 +103,7 @@ def publish_bench_nodes(dev: DevCluster) -> list[dict]:
             {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "bench"}]}})
         dev.core.patch_node(name, {"spec": {"taints": None}})
         for family, devices in simulate_node(p5, name).items():
-            for body in resource_slices(f"{family}.eks-dra.io", name, devices, 1, node["metadata"]["uid"]):
+            for body in resource_slices(DEFAULT_DRIVER_NAMES.for_family(family), name, devices, 1, node["metadata"]["uid"]):
                 slices.append(as_dict(dev.resource.create_resource_slice, body))
     return slices
 
@@ -111,7 +111,7 @@ def publish_bench_nodes(dev: DevCluster) -> list[dict]:
 def claim(i: int) -> dict:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": f"gpu-{i:03d}", "namespace": BENCH_NAMESPACE},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.eks-dra.io"}}]}}}
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
 
 
 def gated_pod(i: int) -> dict:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "tests" / "e2e"))  # the control plane driver
 from controlplane import ControlPlane, ensure_binary, wait_until  # noqa: E402
 from drivers.kubelet import Kubelet  # noqa: E402
 
-GPU = "gpu.eks-dra.io"
+GPU = "gpu.nvidia.com"
 
 
 def run_scenarios(full: bool) -> int:

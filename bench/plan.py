@@ -24,9 +24,9 @@ P5_NODES, TRN2_NODES = 256, 64
 PCIE = "resource.kubernetes.io/pcieRoot"
 
 CLASSES = [
-    ("gpu.eks-dra.io", "device.driver == 'gpu.eks-dra.io' && device.attributes['gpu.eks-dra.io'].type == 'gpu'"),
-    ("efa.eks-dra.io", "device.driver == 'efa.eks-dra.io'"),
-    ("neuron.eks-dra.io", "device.driver == 'neuron.eks-dra.io'"),
+    ("gpu.nvidia.com", "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"),
+    ("efa.networking.k8s.aws", "device.driver == 'dra.net'"),
+    ("neuron.aws.com", "device.driver == 'neuron.aws.com'"),
 ]
 
 
@@ -39,24 +39,24 @@ def _exact(name: str, cls: str, count: int = 1, selectors: tuple[str, ...] = ())
 
 # The mix: (share, devices spec) cycled over the claims.
 MIX: list[dict] = [
-    {"requests": [_exact("gpu", "gpu.eks-dra.io")]},
-    {"requests": [_exact("gpu", "gpu.eks-dra.io"), _exact("efa", "efa.eks-dra.io", 4)],
+    {"requests": [_exact("gpu", "gpu.nvidia.com")]},
+    {"requests": [_exact("gpu", "gpu.nvidia.com"), _exact("efa", "efa.networking.k8s.aws", 4)],
      "constraints": [{"requests": ["gpu", "efa"], "matchAttribute": PCIE}]},
-    {"requests": [_exact("gpus", "gpu.eks-dra.io", 2, (
-        "device.capacity['gpu.eks-dra.io'].memory.isGreaterThan(quantity('40Gi'))",
-        "device.attributes['gpu.eks-dra.io'].cudaComputeCapability.isGreaterThan(semver('8.0.0'))"))]},
+    {"requests": [_exact("gpus", "gpu.nvidia.com", 2, (
+        "device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity('40Gi'))",
+        "device.attributes['gpu.nvidia.com'].cudaComputeCapability.isGreaterThan(semver('8.0.0'))"))]},
     {"requests": [{"name": "gpu", "firstAvailable": [
-        {"name": "eight", "deviceClassName": "gpu.eks-dra.io", "count": 8},
-        {"name": "four", "deviceClassName": "gpu.eks-dra.io", "count": 4},
-        {"name": "one", "deviceClassName": "gpu.eks-dra.io"}]}]},
-    {"requests": [_exact("neuron", "neuron.eks-dra.io", 4), _exact("efa", "efa.eks-dra.io", 4)],
+        {"name": "eight", "deviceClassName": "gpu.nvidia.com", "count": 8},
+        {"name": "four", "deviceClassName": "gpu.nvidia.com", "count": 4},
+        {"name": "one", "deviceClassName": "gpu.nvidia.com"}]}]},
+    {"requests": [_exact("neuron", "neuron.aws.com", 4), _exact("efa", "efa.networking.k8s.aws", 4)],
      "constraints": [{"requests": ["neuron", "efa"], "matchAttribute": "resource.aws.com/devicegroup4_id"}]},
-    {"requests": [_exact("neuron", "neuron.eks-dra.io", 8)],
+    {"requests": [_exact("neuron", "neuron.aws.com", 8)],
      "constraints": [{"matchAttribute": "resource.aws.com/devicegroup8_id"}]},
-    {"requests": [_exact("gpu", "gpu.eks-dra.io")]},
-    {"requests": [_exact("efa", "efa.eks-dra.io")]},
-    {"requests": [_exact("gpus", "gpu.eks-dra.io", 16)]},  # never fits: exercises the failure path
-    {"requests": [_exact("neuron", "neuron.eks-dra.io", 1, ("device.attributes['neuron.eks-dra.io'].coreCount == 8",))]},
+    {"requests": [_exact("gpu", "gpu.nvidia.com")]},
+    {"requests": [_exact("efa", "efa.networking.k8s.aws")]},
+    {"requests": [_exact("gpus", "gpu.nvidia.com", 16)]},  # never fits: exercises the failure path
+    {"requests": [_exact("neuron", "neuron.aws.com", 1, ("device.attributes['neuron.aws.com'].coreCount == 8",))]},
 ]
 
 

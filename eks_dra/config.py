@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 
 from eks_dra.catalog import INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES, InstanceType, closest_instance_types
-from eks_dra.devices.names import FAMILIES, DriverNames
+from eks_dra.devices.names import FAMILIES, UPSTREAM_DRIVER_NAMES, DriverNames
 from eks_dra.errors import UserError
 
 AmiFamily = Literal["al2023", "bottlerocket"]
@@ -458,6 +458,14 @@ class _Loader:
             names[fam] = value
         if len(set(names.values())) != len(names):
             self.fail("drivers.names", "each device family needs its own driver name")
+        for fam in FAMILIES:
+            if impl[fam] == "upstream" and fam in names_data:
+                self.fail(f"drivers.names.{fam}", f"drivers.{fam} is upstream: the vendor's driver is always named "
+                          f"{UPSTREAM_DRIVER_NAMES.for_family(fam)}; remove this name")
+            taken = [f for f in FAMILIES if impl[f] == "upstream" and UPSTREAM_DRIVER_NAMES.for_family(f) == names[fam]]
+            if impl[fam] == "python" and taken:
+                self.fail(f"drivers.names.{fam}", f"{names[fam]!r} is the name of the upstream {taken[0]} driver that "
+                          f"drivers.{taken[0]}: upstream installs; two drivers cannot share one name in a cluster")
         return DriversConfig(names=DriverNames(**names), **impl)
 
     # --- node groups ---

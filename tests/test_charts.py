@@ -192,7 +192,7 @@ def test_sample_pods_wait_for_the_drivers(key: str) -> None:
     assert pods
     for pod in pods:
         assert tolerates(pod, GPU_TAINT, "NoSchedule") and tolerates(pod, NEURON_TAINT, "NoSchedule")
-        assert not tolerates(pod, "gpu.eks-dra.io/not-ready", "NoSchedule")
+        assert not tolerates(pod, "gpu.nvidia.com/not-ready", "NoSchedule")
 
 
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass", "ValidatingAdmissionPolicy",

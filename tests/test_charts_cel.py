@@ -81,15 +81,15 @@ def test_prioritized_request_prefers_h100_and_h200() -> None:
     for instance_type, expected in [("p5.48xlarge", True), ("p5en.48xlarge", True), ("g6e.48xlarge", False),
                                     ("p4d.24xlarge", False)]:
         gpus = simulate_node(instance_type, "n")["gpu"]
-        assert {selector.matches("gpu.eks-dra.io", g) for g in gpus} == {expected}, instance_type
+        assert {selector.matches("gpu.nvidia.com", g) for g in gpus} == {expected}, instance_type
 
 
 def test_selector_helper_follows_kubernetes_missing_attribute_rules() -> None:
     """An unknown domain is an empty map; an unknown attribute name is an error."""
     gpu = simulate_node("p5.48xlarge", "n")["gpu"][0]
-    assert Selector("device.attributes['other.example.com'].size() == 0").matches("gpu.eks-dra.io", gpu)
+    assert Selector("device.attributes['other.example.com'].size() == 0").matches("gpu.nvidia.com", gpu)
     with pytest.raises(Exception):  # noqa: B017 - the library raises KeyError or RuntimeError
-        Selector("device.attributes['gpu.eks-dra.io'].noSuchAttribute == 1").matches("gpu.eks-dra.io", gpu)
+        Selector("device.attributes['gpu.nvidia.com'].noSuchAttribute == 1").matches("gpu.nvidia.com", gpu)
 
 
 # --- the admission policies, evaluated on admission requests --------------------------------------
@@ -118,7 +118,7 @@ def _request(operation: str, node: str | None, user: str = "system:serviceaccoun
     return {"operation": operation, "userInfo": {"username": user, "extra": extra}}
 
 
-def _slice(node: str, driver: str = "gpu.eks-dra.io") -> dict:
+def _slice(node: str, driver: str = "gpu.nvidia.com") -> dict:
     return {"spec": {"driver": driver, "nodeName": node, "pool": {"name": node}}}
 
 
@@ -128,7 +128,7 @@ def test_slice_policy_allows_own_node_and_driver_only() -> None:
     assert _admit(policy, _request("DELETE", "n1"), None, _slice("n1")) == []
     assert _admit(policy, _request("CREATE", "n1"), _slice("n2"), None)
     assert _admit(policy, _request("DELETE", "n1"), None, _slice("n2"))
-    assert _admit(policy, _request("UPDATE", "n1"), _slice("n1", "efa.eks-dra.io"), _slice("n1"))
+    assert _admit(policy, _request("UPDATE", "n1"), _slice("n1", "dra.net"), _slice("n1"))
     assert _admit(policy, _request("CREATE", None), _slice("n1"), None)  # token without a node
     # Another identity (the EFA driver's) is not this policy's business.
     other = _request("CREATE", "n1", user="system:serviceaccount:eks-dra-system:eks-dra-efa-driver")
@@ -142,14 +142,14 @@ def _node(name: str, taints: list[str], labels: dict | None = None) -> dict:
 
 def test_node_policy_allows_only_removing_the_own_readiness_taint() -> None:
     policy = _policy("eks-dra-gpu-driver-node-taint")
-    ready = "gpu.eks-dra.io/not-ready"
-    before = _node("n1", ["nvidia.com/gpu", ready, "efa.eks-dra.io/not-ready"])
-    assert _admit(policy, _request("UPDATE", "n1"), _node("n1", ["nvidia.com/gpu", "efa.eks-dra.io/not-ready"]),
+    ready = "gpu.nvidia.com/not-ready"
+    before = _node("n1", ["nvidia.com/gpu", ready, "dra.net/not-ready"])
+    assert _admit(policy, _request("UPDATE", "n1"), _node("n1", ["nvidia.com/gpu", "dra.net/not-ready"]),
                   before) == []
     assert _admit(policy, _request("UPDATE", "n1"), _node("n1", ["nvidia.com/gpu"]), before)  # EFA's taint too
-    assert _admit(policy, _request("UPDATE", "n1"), _node("n1", [ready, "efa.eks-dra.io/not-ready"]), before)
-    assert _admit(policy, _request("UPDATE", "n2"), _node("n1", ["nvidia.com/gpu", "efa.eks-dra.io/not-ready"]),
+    assert _admit(policy, _request("UPDATE", "n1"), _node("n1", [ready, "dra.net/not-ready"]), before)
+    assert _admit(policy, _request("UPDATE", "n2"), _node("n1", ["nvidia.com/gpu", "dra.net/not-ready"]),
                   before)  # another node
-    relabelled = _node("n1", ["nvidia.com/gpu", "efa.eks-dra.io/not-ready"], {"a": "c"})
+    relabelled = _node("n1", ["nvidia.com/gpu", "dra.net/not-ready"], {"a": "c"})
     assert _admit(policy, _request("UPDATE", "n1"), relabelled, before)
     assert _admit(policy, _request("UPDATE", "n1"), _node("n1", []), _node("n1", [])) == []  # no-op patch

@@ -99,8 +99,8 @@ def test_neuron_samples_follow_device_groups() -> None:
     lnc = _claim_spec("config/dev", "neuron-lnc")
     assert lnc["devices"]["constraints"] == [{"requests": ["neurons"],
                                               "matchAttribute": "resource.aws.com/devicegroup4_id"}]
-    assert lnc["devices"]["config"] == [{"requests": ["neurons"], "opaque": {"driver": "neuron.eks-dra.io", "parameters": {
-        "apiVersion": "neuron.eks-dra.io/v1", "kind": "NeuronConfig", "logicalNeuronCore": 2}}}]
+    assert lnc["devices"]["config"] == [{"requests": ["neurons"], "opaque": {"driver": "neuron.aws.com", "parameters": {
+        "apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 2}}}]
     aligned = _claim_spec("config/dev", "neuron-efa-aligned")
     counts = {r["name"]: r["exactly"]["count"] for r in aligned["devices"]["requests"]}
     assert counts == {"neurons": 4, "efas": 4}
@@ -117,7 +117,7 @@ def test_full_fixture_picks_trn1_with_lnc1_and_two_efas() -> None:
     lnc = _claim_spec("fixture/full", "neuron-lnc")
     assert lnc["devices"]["config"][0]["opaque"]["parameters"]["logicalNeuronCore"] == 1
     (selector,) = lnc["devices"]["requests"][0]["exactly"]["selectors"]
-    assert selector["cel"]["expression"] == "device.attributes['neuron.eks-dra.io'].instanceType == 'trn1.32xlarge'"
+    assert selector["cel"]["expression"] == "device.attributes['neuron.aws.com'].instanceType == 'trn1.32xlarge'"
 
 
 def test_one_mig_sample_per_profile() -> None:
@@ -128,8 +128,8 @@ def test_one_mig_sample_per_profile() -> None:
 
 def test_time_slicing_config_and_shared_claim() -> None:
     spec = _claim_spec("config/dev", "time-sliced-gpu")
-    assert spec["devices"]["config"][0]["opaque"] == {"driver": "gpu.eks-dra.io", "parameters": {
-        "apiVersion": "gpu.eks-dra.io/v1", "kind": "GpuConfig",
+    assert spec["devices"]["config"][0]["opaque"] == {"driver": "gpu.nvidia.com", "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
         "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}}
     _, docs = synthesized("config/dev")
     users = [p["metadata"]["name"] for p in of_kind(docs, "Pod")

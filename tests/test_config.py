@@ -107,7 +107,7 @@ def test_per_family_device_mode(tmp_path):
     group = env.node_groups[1]
     assert group.manager("gpu") == "dra" and group.manager("efa") == "device-plugin"
     assert env.node_labels(group)["eks-dra.io/efa"] == "device-plugin"
-    assert [t.key for t in env.node_taints(group)] == ["nvidia.com/gpu", "gpu.eks-dra.io/not-ready"]
+    assert [t.key for t in env.node_taints(group)] == ["nvidia.com/gpu", "gpu.nvidia.com/not-ready"]
 
 
 def test_custom_driver_names_drive_the_readiness_taints(tmp_path):
@@ -122,8 +122,8 @@ def test_upstream_drivers_get_no_readiness_taint(tmp_path):
     env = load(tmp_path, "drivers: {gpu: upstream}\nnodeGroups:\n" + SYSTEM +
                "  - {name: p5, instanceType: p5.48xlarge}\n")
     keys = [t.key for t in env.node_taints(env.node_groups[1])]
-    assert "gpu.eks-dra.io/not-ready" not in keys
-    assert "efa.eks-dra.io/not-ready" in keys and "nvidia.com/gpu" in keys
+    assert "gpu.nvidia.com/not-ready" not in keys
+    assert "dra.net/not-ready" in keys and "nvidia.com/gpu" in keys
 
 
 def test_existing_vpc(tmp_path):

@@ -57,7 +57,7 @@ def test_versions_are_semver():
 
 def test_slices_split_at_128_and_count_is_right():
     devices = [Device(f"d-{i}") for i in range(300)]
-    slices = resource_slices("gpu.eks-dra.io", "node-a", devices, generation=3)
+    slices = resource_slices("gpu.nvidia.com", "node-a", devices, generation=3)
     assert [len(s["spec"]["devices"]) for s in slices] == [128, 128, 44]
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {3}
     assert {s["spec"]["pool"]["name"] for s in slices} == {"node-a"}

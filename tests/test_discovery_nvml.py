@@ -244,7 +244,7 @@ def test_gpu_check_prints_the_slice(tmp_path, simulated):
     root = _host_for_simulated_gpus(tmp_path)
     out = io.StringIO()
     # sysfs has 8 GPUs, NVML 2: the check says so and exits 3 (not ready).
-    assert gpu_check.check(root, "gpu-box", "gpu.eks-dra.io", Nvml(), out=out) == 3
+    assert gpu_check.check(root, "gpu-box", "gpu.nvidia.com", Nvml(), out=out) == 3
     text = out.getvalue()
     assert "# sysfs: 8 NVIDIA GPU PCI functions" in text and "# NVML: driver 580.95.05, 2 GPUs" in text
     assert "MISMATCH: 0000:bc:00.0 is on the PCI bus but NVML does not report it" in text
@@ -253,7 +253,7 @@ def test_gpu_check_prints_the_slice(tmp_path, simulated):
         if (link / "vendor").read_text() == "0x10de\n" and link.name not in ("0000:45:00.0", "0000:56:00.0"):
             link.unlink()
     out = io.StringIO()
-    rc = gpu_check.check(root, "gpu-box", "gpu.eks-dra.io", Nvml(), out=out)
+    rc = gpu_check.check(root, "gpu-box", "gpu.nvidia.com", Nvml(), out=out)
     text = out.getvalue()
     assert rc == 0, text
     assert "MISMATCH" not in text and "# inventory: ready=True" in text
@@ -273,7 +273,7 @@ def test_gpu_check_survives_a_failing_nvml(tmp_path, simulated, monkeypatch):
 
     monkeypatch.setattr(pynvml, "nvmlDeviceGetArchitecture", broken)
     out = io.StringIO()
-    rc = gpu_check.check(root, "gpu-box", "gpu.eks-dra.io", Nvml(), out=out)
+    rc = gpu_check.check(root, "gpu-box", "gpu.nvidia.com", Nvml(), out=out)
     text = out.getvalue()
     # The procfs fallback finds all 8 fixture GPUs: the slice is printed and the NVML failure named.
     assert rc == 0, text
@@ -283,7 +283,7 @@ def test_gpu_check_survives_a_failing_nvml(tmp_path, simulated, monkeypatch):
 
 def test_gpu_check_without_nvml_or_gpus_exits_1(tmp_path, capsys):
     root = _host_for_simulated_gpus(tmp_path)
-    assert gpu_check.check(root, "n", "gpu.eks-dra.io", None, out=io.StringIO()) == 1
+    assert gpu_check.check(root, "n", "gpu.nvidia.com", None, out=io.StringIO()) == 1
     assert "NVML is unavailable" in capsys.readouterr().err
     assert gpu_check.main(["--host-root", str(tmp_path / "empty")]) == 1
 

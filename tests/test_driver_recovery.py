@@ -49,7 +49,7 @@ def test_reboot_rewrites_specs_and_reapplies_settings(node_env):
     kube, node, start = node_env
     d = start()
     ts = {"source": "FromClaim", "requests": [], "opaque": {"driver": GPU, "parameters": {
-        "apiVersion": "gpu.eks-dra.io/v1", "kind": "GpuConfig",
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
         "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}}}
     claims = [prepare(kube, node, "gpu", [f"gpu-{i}"], configs=[ts]) for i in range(3)]
     d.stop(0.5)

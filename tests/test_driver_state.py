@@ -57,7 +57,7 @@ def prepare_one(kube, kubelet, claim):
 
 
 def ts_config(interval="Long", source="FromClaim", requests=None, driver=GPU, **extra):
-    params = {"apiVersion": "gpu.eks-dra.io/v1", "kind": "GpuConfig",
+    params = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
               "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}, **extra}
     return {"source": source, "requests": requests or [], "opaque": {"driver": driver, "parameters": params}}
 
@@ -81,7 +81,7 @@ def test_time_slicing_recorded_and_later_config_wins(p5):
 def test_neuron_lnc_environment(trn2):
     kube, node, driver, kubelet = trn2
     cfg = {"source": "FromClaim", "requests": [], "opaque": {"driver": NEURON, "parameters": {
-        "apiVersion": "neuron.eks-dra.io/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1}}}
+        "apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1}}}
     claim, entry = prepare_one(kube, kubelet, make_claim(NEURON, "node-t", ["neuron-2", "neuron-3"], configs=[cfg]))
     assert entry.error == ""
     spec = json.loads((node.cdi / f"k8s.{NEURON}-claim_{claim['metadata']['uid']}.json").read_text())
@@ -154,10 +154,10 @@ def hostile_cases(node_name: str):
         cases.append((desc, good(configs=[{"source": "FromClaim", "requests": [],
                                            "opaque": {"driver": driver, "parameters": params}}]), None))
 
-    base = {"apiVersion": "gpu.eks-dra.io/v1", "kind": "GpuConfig"}
+    base = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
     cfg_case("unknown kind", {**base, "kind": "MigConfig"})
-    cfg_case("wrong apiVersion", {**base, "apiVersion": "gpu.eks-dra.io/v2"})
-    cfg_case("nvidia apiVersion", {**base, "apiVersion": "resource.nvidia.com/v1beta1"})
+    cfg_case("wrong apiVersion", {**base, "apiVersion": "gpu.nvidia.com/v2"})
+    cfg_case("pre-upstream apiVersion", {**base, "apiVersion": "gpu.eks-dra.io/v1"})
     cfg_case("unknown top field", {**base, "sharingg": {}})
     cfg_case("unknown sharing field", {**base, "sharing": {"strategy": "TimeSlicing", "mps": {}}})
     cfg_case("MPS strategy", {**base, "sharing": {"strategy": "MPS"}})
@@ -171,8 +171,8 @@ def hostile_cases(node_name: str):
     cfg_case("parameters null", None)
     cfg_case("oversized parameters", {**base, "sharing": {"strategy": "TimeSlicing"}, "pad": "x" * 20000})
     cfg_case("deeply nested", {**base, "sharing": {"strategy": {"a": {"b": {"c": {}}}}}})
-    cfg_case("neuron kind to gpu driver", {"apiVersion": "neuron.eks-dra.io/v1", "kind": "NeuronConfig"})
-    cfg_case("kind missing", {"apiVersion": "gpu.eks-dra.io/v1"})
+    cfg_case("neuron kind to gpu driver", {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig"})
+    cfg_case("kind missing", {"apiVersion": "resource.nvidia.com/v1beta1"})
     cfg_case("empty object", {})
     bad_requests = good(configs=[{"source": "FromClaim", "requests": "all",
                                   "opaque": {"driver": GPU, "parameters": base}}])
@@ -303,7 +303,7 @@ def test_hundred_concurrent_prepares_no_deadlock(p5):
 
 
 def test_configs_unit_later_wins_and_subrequests():
-    params = {"apiVersion": "gpu.eks-dra.io/v1", "kind": "GpuConfig",
+    params = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
               "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
     out = configs.settings_per_request("gpu", GPU, [
         {"source": "FromClaim", "requests": ["r"], "opaque": {"driver": GPU, "parameters": params}},

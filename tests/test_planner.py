@@ -63,7 +63,7 @@ def reason_of(result: PlanResult, name: str) -> str:
     return found.reason or ""
 
 
-GPU_EFA_ALIGNED = claim("aligned", exact("gpu", "gpu.eks-dra.io"), exact("efa", "efa.eks-dra.io"),
+GPU_EFA_ALIGNED = claim("aligned", exact("gpu", "gpu.nvidia.com"), exact("efa", "efa.networking.k8s.aws"),
                         constraints=((PCIE, ["gpu", "efa"]),))
 
 
@@ -96,14 +96,14 @@ def test_g6e_has_no_gpu_on_an_efa_root(tmp_path):
     ("p6-b200.48xlarge", 2, ["efa-0000-47-00-0", "efa-0000-48-00-0"]),
 ])
 def test_one_gpu_with_the_efa_of_its_root(tmp_path, instance_type, count, efas):
-    doc = claim("gpu-and-its-efa", exact("gpu", "gpu.eks-dra.io"), exact("efa", "efa.eks-dra.io", count),
+    doc = claim("gpu-and-its-efa", exact("gpu", "gpu.nvidia.com"), exact("efa", "efa.networking.k8s.aws", count),
                 constraints=((PCIE, ["gpu", "efa"]),))
     result = plan(tmp_path, instance_type, doc)
     assert devices_of(result, "gpu-and-its-efa") == [("gpu", "gpu-0")] + [("efa", e) for e in efas]
 
 
 def test_one_more_efa_than_the_root_has_backtracks_then_fails(tmp_path):
-    doc = claim("too-many", exact("gpu", "gpu.eks-dra.io"), exact("efa", "efa.eks-dra.io", 5),
+    doc = claim("too-many", exact("gpu", "gpu.nvidia.com"), exact("efa", "efa.networking.k8s.aws", 5),
                 constraints=((PCIE, ["gpu", "efa"]),))
     reason = reason_of(plan(tmp_path, "p5.48xlarge", doc), "too-many")
     assert reason == ("request gpu+efa: constraint matchAttribute resource.kubernetes.io/pcieRoot over [gpu, efa] "
@@ -126,12 +126,12 @@ def test_all_efa_variant_breaks_the_constraint_on_p5en(tmp_path):
     result = plan(tmp_path, "p5en.48xlarge", files=(FIXTURES / "aligned-gpu-efa.yaml",))
     reason = reason_of(result, "aligned-all-efa-one-gpu")
     assert reason.startswith("claim ml/aligned-all-efa-one-gpu, request efa: cannot add device "
-                             "efa.eks-dra.io/p5en.48xlarge-0/efa-0000-60-00-0 because a claim constraint would not "
+                             "dra.net/p5en.48xlarge-0/efa-0000-60-00-0 because a claim constraint would not "
                              "be satisfied; its resource.kubernetes.io/pcieRoot pci0000:5d differs from pci0000:44")
 
 
 def test_all_efa_on_g5_where_every_device_shares_root_00(tmp_path):
-    doc = claim("all", exact("gpu", "gpu.eks-dra.io"), exact("efa", "efa.eks-dra.io", mode="All"),
+    doc = claim("all", exact("gpu", "gpu.nvidia.com"), exact("efa", "efa.networking.k8s.aws", mode="All"),
                 constraints=((PCIE, []),))
     assert devices_of(plan(tmp_path, "g5.48xlarge", doc), "all") == [("gpu", "gpu-0"), ("efa", "efa-0000-09-00-0")]
 
@@ -139,12 +139,12 @@ def test_all_efa_on_g5_where_every_device_shares_root_00(tmp_path):
 # --- counts, competition, firstAvailable ---------------------------------------------------------------
 
 def test_count_above_what_the_node_has(tmp_path):
-    result = plan(tmp_path, "p5.48xlarge", claim("big", exact("gpus", "gpu.eks-dra.io", 16)))
+    result = plan(tmp_path, "p5.48xlarge", claim("big", exact("gpus", "gpu.nvidia.com", 16)))
     assert reason_of(result, "big") == "request gpus: count 16 exceeds the 8 matching devices of p5.48xlarge"
 
 
 def test_two_claims_compete_for_one_node(tmp_path):
-    a, b = claim("a", exact("gpus", "gpu.eks-dra.io", 6)), claim("b", exact("gpus", "gpu.eks-dra.io", 6))
+    a, b = claim("a", exact("gpus", "gpu.nvidia.com", 6)), claim("b", exact("gpus", "gpu.nvidia.com", 6))
     one = plan(tmp_path, "p5.48xlarge", a, b)
     assert devices_of(one, "a") == [("gpus", f"gpu-{i}") for i in range(6)]
     assert reason_of(one, "b") == ("the only p5.48xlarge node already holds other claims' devices: request gpus "
@@ -155,12 +155,12 @@ def test_two_claims_compete_for_one_node(tmp_path):
 
 def test_first_available_falls_through_in_order(tmp_path):
     doc = claim("flex", {"name": "gpu", "firstAvailable": [
-        {"name": "b200", "deviceClassName": "gpu.eks-dra.io", "count": 2,
-         "selectors": [{"cel": {"expression": "device.attributes['gpu.eks-dra.io'].productName == 'NVIDIA B200'"}}]},
-        {"name": "sixteen", "deviceClassName": "gpu.eks-dra.io", "count": 16},
-        {"name": "four", "deviceClassName": "gpu.eks-dra.io", "count": 4},
-        {"name": "one", "deviceClassName": "gpu.eks-dra.io"},
-    ]}, exact("efa", "efa.eks-dra.io"), constraints=((PCIE, ["gpu/four", "efa"]),))
+        {"name": "b200", "deviceClassName": "gpu.nvidia.com", "count": 2,
+         "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA B200'"}}]},
+        {"name": "sixteen", "deviceClassName": "gpu.nvidia.com", "count": 16},
+        {"name": "four", "deviceClassName": "gpu.nvidia.com", "count": 4},
+        {"name": "one", "deviceClassName": "gpu.nvidia.com"},
+    ]}, exact("efa", "efa.networking.k8s.aws"), constraints=((PCIE, ["gpu/four", "efa"]),))
     result = plan(tmp_path, "p5.48xlarge", doc)
     # gpu/four's devices span four roots, so no EFA matches all of them: the search backtracks over gpu/four
     # combinations, cannot meet the constraint, and falls through to gpu/one (which the constraint ignores).
@@ -171,20 +171,20 @@ def test_first_available_falls_through_in_order(tmp_path):
 
 def test_first_available_none_possible_names_each_subrequest(tmp_path):
     doc = claim("flex", {"name": "gpu", "firstAvailable": [
-        {"name": "many", "deviceClassName": "gpu.eks-dra.io", "count": 9},
-        {"name": "mig", "deviceClassName": "mig.gpu.eks-dra.io"},
+        {"name": "many", "deviceClassName": "gpu.nvidia.com", "count": 9},
+        {"name": "mig", "deviceClassName": "mig.nvidia.com"},
     ]})
     assert reason_of(plan(tmp_path, "p5.48xlarge", doc), "flex") == (
         "request gpu: no subrequest can be met (gpu/many: count 9 exceeds the 8 matching devices of p5.48xlarge; "
-        "gpu/mig: no device of p5.48xlarge matches DeviceClass mig.gpu.eks-dra.io "
-        "(devices there: 32 from efa.eks-dra.io, 8 from gpu.eks-dra.io))")
+        "gpu/mig: no device of p5.48xlarge matches DeviceClass mig.nvidia.com "
+        "(devices there: 32 from dra.net, 8 from gpu.nvidia.com))")
 
 
 # --- Neuron device groups ------------------------------------------------------------------------------
 
 def _neuron_group(size: int, neurons: int, efas: int) -> dict:
     attr = f"resource.aws.com/devicegroup{size}_id"
-    return claim(f"group{size}", exact("neuron", "neuron.eks-dra.io", neurons), exact("efa", "efa.eks-dra.io", efas),
+    return claim(f"group{size}", exact("neuron", "neuron.aws.com", neurons), exact("efa", "efa.networking.k8s.aws", efas),
                  constraints=((attr, ["neuron", "efa"]),))
 
 
@@ -222,10 +222,10 @@ def test_template_used_by_a_job_with_parallelism_3(tmp_path):
 
 
 def test_shared_claim_used_by_two_pods_lands_both_on_its_node(tmp_path):
-    shared = claim("shared-efa", exact("efa", "efa.eks-dra.io"))
+    shared = claim("shared-efa", exact("efa", "efa.networking.k8s.aws"))
     template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                 "metadata": {"name": "four-gpus", "namespace": "default"},
-                "spec": {"spec": {"devices": {"requests": [exact("gpus", "gpu.eks-dra.io", 4)]}}}}
+                "spec": {"spec": {"devices": {"requests": [exact("gpus", "gpu.nvidia.com", 4)]}}}}
 
     def pod(name: str) -> dict:
         return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
@@ -248,7 +248,7 @@ def test_shared_claim_used_by_two_pods_lands_both_on_its_node(tmp_path):
 def test_deployment_replicas_get_one_claim_each(tmp_path):
     template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                 "metadata": {"name": "one-gpu", "namespace": "web"},
-                "spec": {"spec": {"devices": {"requests": [exact("gpu", "gpu.eks-dra.io")]}}}}
+                "spec": {"spec": {"devices": {"requests": [exact("gpu", "gpu.nvidia.com")]}}}}
     deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "infer", "namespace": "web"},
                   "spec": {"replicas": 3, "template": {"spec": {
                       "tolerations": [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "true",
@@ -263,20 +263,20 @@ def test_deployment_replicas_get_one_claim_each(tmp_path):
 def test_pod_without_the_gpu_toleration_is_not_placed(tmp_path):
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
            "spec": {"resourceClaims": [{"name": "g", "resourceClaimName": "one"}], "containers": []}}
-    result = plan(tmp_path, "p5.48xlarge", claim("one", exact("gpu", "gpu.eks-dra.io")), pod)
+    result = plan(tmp_path, "p5.48xlarge", claim("one", exact("gpu", "gpu.nvidia.com")), pod)
     assert reason_of(result, "one") == (
         "no node may run pod p (p5.48xlarge: taint nvidia.com/gpu=true:NoSchedule is not tolerated)")
 
 
 def test_admin_access_shares_an_allocated_device(tmp_path):
-    a = claim("all-gpus", exact("gpus", "gpu.eks-dra.io", 8))
-    monitor = claim("monitor", exact("gpu", "gpu.eks-dra.io", adminAccess=True))
+    a = claim("all-gpus", exact("gpus", "gpu.nvidia.com", 8))
+    monitor = claim("monitor", exact("gpu", "gpu.nvidia.com", adminAccess=True))
     result = plan(tmp_path, "p5.48xlarge", a, monitor)
     assert devices_of(result, "monitor") == [("gpu", "gpu-0")]
 
 
 def test_mig_devices(tmp_path):
-    doc = claim("slices", exact("mig", "mig.gpu.eks-dra.io", 8))
+    doc = claim("slices", exact("mig", "mig.nvidia.com", 8))
     result = plan(tmp_path, "p4d.24xlarge", doc, mig_profile="1g.5gb")
     got = [d for _, d in devices_of(result, "slices")]
     assert got == [f"gpu-0-mig-1g-5gb-{i}" for i in range(7)] + ["gpu-1-mig-1g-5gb-0"]
@@ -285,37 +285,37 @@ def test_mig_devices(tmp_path):
 # --- CEL semantics -------------------------------------------------------------------------------------
 
 def test_quantity_and_semver_selectors(tmp_path):
-    doc = claim("cel", exact("gpu", "gpu.eks-dra.io", 8, selectors=(
-        "device.capacity['gpu.eks-dra.io'].memory.isGreaterThan(quantity('79Gi'))",
-        "device.capacity['gpu.eks-dra.io'].memory.compareTo(quantity('80Gi')) == 0",
-        "device.attributes['gpu.eks-dra.io'].cudaComputeCapability.isGreaterThan(semver('8.9.0'))",
-        "device.attributes['gpu.eks-dra.io'].driverVersion.isLessThan(semver('v600', true))",
-        "!('nvlinkDomain' in device.attributes['gpu.eks-dra.io'])",
+    doc = claim("cel", exact("gpu", "gpu.nvidia.com", 8, selectors=(
+        "device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity('79Gi'))",
+        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80Gi')) == 0",
+        "device.attributes['gpu.nvidia.com'].cudaComputeCapability.isGreaterThan(semver('8.9.0'))",
+        "device.attributes['gpu.nvidia.com'].driverVersion.isLessThan(semver('v600', true))",
+        "!('nvlinkDomain' in device.attributes['gpu.nvidia.com'])",
         "size(device.attributes['vendor.example.com']) == 0",
-        "cel.bind(a, device.attributes['gpu.eks-dra.io'], a.index >= 0 && a.architecture == 'Hopper')",
+        "cel.bind(a, device.attributes['gpu.nvidia.com'], a.index >= 0 && a.architecture == 'Hopper')",
     )))
     assert len(devices_of(plan(tmp_path, "p5.48xlarge", doc), "cel")) == 8
     assert reason_of(plan(tmp_path, "p4d.24xlarge", doc), "cel") == (
-        "request gpu: 8 devices of p4d.24xlarge match DeviceClass gpu.eks-dra.io, none of them the request's "
+        "request gpu: 8 devices of p4d.24xlarge match DeviceClass gpu.nvidia.com, none of them the request's "
         "selectors")
 
 
 def test_unknown_attribute_is_an_evaluation_error(tmp_path):
-    doc = claim("typo", exact("gpu", "gpu.eks-dra.io", selectors=("device.attributes['gpu.eks-dra.io'].model == 'x'",)))
+    doc = claim("typo", exact("gpu", "gpu.nvidia.com", selectors=("device.attributes['gpu.nvidia.com'].model == 'x'",)))
     reason = reason_of(plan(tmp_path, "p5.48xlarge", doc), "typo")
     assert reason.endswith("spec.devices.requests[0].exactly.selectors[0].cel.expression: CEL runtime error on "
                            "device gpu-0 of node p5.48xlarge-0: no such key: model")
 
 
 def test_match_attribute_on_a_driver_attribute_given_fully_qualified(tmp_path):
-    doc = claim("same-numa", exact("gpus", "gpu.eks-dra.io", 2), exact("efa", "efa.eks-dra.io"),
-                constraints=(("gpu.eks-dra.io/numaNode", ["gpus"]), (PCIE, ["efa"])))
+    doc = claim("same-numa", exact("gpus", "gpu.nvidia.com", 2), exact("efa", "efa.networking.k8s.aws"),
+                constraints=(("gpu.nvidia.com/numaNode", ["gpus"]), (PCIE, ["efa"])))
     assert devices_of(plan(tmp_path, "p5.48xlarge", doc), "same-numa")[:2] == [("gpus", "gpu-0"), ("gpus", "gpu-1")]
 
 
 def test_v1beta1_flat_request_shape(tmp_path):
     doc = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaim", "metadata": {"name": "old"},
-           "spec": {"devices": {"requests": [{"name": "gpu", "deviceClassName": "gpu.eks-dra.io", "count": 2}]}}}
+           "spec": {"devices": {"requests": [{"name": "gpu", "deviceClassName": "gpu.nvidia.com", "count": 2}]}}}
     assert devices_of(plan(tmp_path, "p5.48xlarge", doc), "old") == [("gpu", "gpu-0"), ("gpu", "gpu-1")]
 
 
@@ -335,9 +335,9 @@ def test_cli_json_shape_and_exit_codes(tmp_path, capsys):
     assert out == {"claims": [{
         "name": "aligned", "namespace": "default", "allocated": True, "node": "p5.48xlarge-0", "reason": None,
         "devices": [
-            {"request": "gpu", "driver": "gpu.eks-dra.io", "pool": "p5.48xlarge-0", "device": "gpu-0",
-             "attributes": {PCIE: "pci0000:44", "gpu.eks-dra.io/type": "gpu"}},
-            {"request": "efa", "driver": "efa.eks-dra.io", "pool": "p5.48xlarge-0", "device": "efa-0000-46-00-0",
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "p5.48xlarge-0", "device": "gpu-0",
+             "attributes": {PCIE: "pci0000:44", "gpu.nvidia.com/type": "gpu"}},
+            {"request": "efa", "driver": "dra.net", "pool": "p5.48xlarge-0", "device": "efa-0000-46-00-0",
              "attributes": {PCIE: "pci0000:44"}},
         ]}]}
     assert cli.main(["plan", "--instance-type", "g6e.48xlarge", "--claims", str(CLASSES), str(good)]) == 1
@@ -351,17 +351,17 @@ def test_cli_table_lists_devices_and_attributes(tmp_path, capsys):
                      str(good)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["CLAIM", "NODE", "REQUEST", "DEVICE", "ATTRIBUTES"]
-    assert lines[1].split() == ["default/aligned", "p5.48xlarge-0", "gpu", "gpu.eks-dra.io/gpu-0",
+    assert lines[1].split() == ["default/aligned", "p5.48xlarge-0", "gpu", "gpu.nvidia.com/gpu-0",
                                 "resource.kubernetes.io/pcieRoot=pci0000:44", "type=gpu"]
     assert "1 of 1 claims allocated, on 1 of 2 nodes" in lines
 
 
 def test_cli_custom_driver_names(tmp_path, capsys):
-    classes = _write(tmp_path, "classes.yaml", CLASSES.read_text().replace("gpu.eks-dra.io", "gpu.example.com"))
+    classes = _write(tmp_path, "classes.yaml", CLASSES.read_text().replace("gpu.nvidia.com", "gpu.example.com"))
     doc = claim("c", exact("gpu", "gpu.example.com"))
     claims = _write(tmp_path, "c.yaml", yaml.safe_dump(doc))
     args = ["plan", "--instance-type", "p5.48xlarge", "--claims", str(classes), str(claims), "-o", "json"]
-    assert cli.main(args) == 1  # our GPU driver publishes as gpu.eks-dra.io by default
+    assert cli.main(args) == 1  # our GPU driver publishes as gpu.nvidia.com by default
     capsys.readouterr()
     assert cli.main([*args, "--driver-name", "gpu=gpu.example.com"]) == 0
     assert json.loads(capsys.readouterr().out)["claims"][0]["devices"][0]["driver"] == "gpu.example.com"
@@ -373,32 +373,32 @@ BAD_INPUTS = [
     ("unknown-class.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.example.com"))),
      "unknown-class.yaml: ResourceClaim default/foo: spec.devices.requests[0].exactly.deviceClassName: device class "
      "gpu.example.com not found"),
-    ("syntax.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.eks-dra.io", selectors=(
-        "device.driver == 'gpu.eks-dra.io'", "device.attributes['gpu.eks-dra.io'].index >")))),
+    ("syntax.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.nvidia.com", selectors=(
+        "device.driver == 'gpu.nvidia.com'", "device.attributes['gpu.nvidia.com'].index >")))),
      "syntax.yaml: ResourceClaim default/foo: spec.devices.requests[0].exactly.selectors[1].cel.expression: "
      "syntax error"),
-    ("undeclared.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.eks-dra.io", selectors=("dev.driver == 'x'",)))),
+    ("undeclared.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.nvidia.com", selectors=("dev.driver == 'x'",)))),
      "spec.devices.requests[0].exactly.selectors[0].cel.expression: undeclared reference to dev"),
-    ("both.yaml", yaml.safe_dump(claim("foo", {"name": "gpu", "exactly": {"deviceClassName": "gpu.eks-dra.io"},
+    ("both.yaml", yaml.safe_dump(claim("foo", {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"},
                                                "firstAvailable": []})),
      "spec.devices.requests[0]: set exactly one of exactly or firstAvailable"),
-    ("count.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.eks-dra.io", 0))),
+    ("count.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.nvidia.com", 0))),
      "spec.devices.requests[0].exactly.count: 0 must be a positive integer"),
-    ("all-count.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.eks-dra.io", 2, mode="All"))),
+    ("all-count.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.nvidia.com", 2, mode="All"))),
      "spec.devices.requests[0].exactly.count: must not be set when allocationMode is All"),
-    ("constraint-ref.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.eks-dra.io"),
+    ("constraint-ref.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.nvidia.com"),
                                                  constraints=((PCIE, ["nic"]),))),
      "spec.devices.constraints[0].requests[0]: 'nic' is not a request of this claim"),
-    ("unqualified.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.eks-dra.io"), constraints=(("pcieRoot", []),))),
+    ("unqualified.yaml", yaml.safe_dump(claim("foo", exact("gpu", "gpu.nvidia.com"), constraints=(("pcieRoot", []),))),
      "spec.devices.constraints[0].matchAttribute: 'pcieRoot' must be a fully qualified attribute name"),
-    ("distinct.yaml", yaml.safe_dump({**claim("foo", exact("gpu", "gpu.eks-dra.io")), "spec": {"devices": {
-        "requests": [exact("gpu", "gpu.eks-dra.io")], "constraints": [{"distinctAttribute": PCIE}]}}}),
+    ("distinct.yaml", yaml.safe_dump({**claim("foo", exact("gpu", "gpu.nvidia.com")), "spec": {"devices": {
+        "requests": [exact("gpu", "gpu.nvidia.com")], "constraints": [{"distinctAttribute": PCIE}]}}}),
      "spec.devices.constraints[0].distinctAttribute: needs the alpha feature gate DRAConsumableCapacity"),
     ("missing-claim.yaml", yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {
         "resourceClaims": [{"name": "x", "resourceClaimName": "nope"}], "containers": []}}),
      "missing-claim.yaml: Pod default/p: spec.resourceClaims[0].resourceClaimName: ResourceClaim default/nope is not "
      "in the given files"),
-    ("duplicate.yaml", yaml.safe_dump_all([claim("foo", exact("g", "gpu.eks-dra.io"))] * 2),
+    ("duplicate.yaml", yaml.safe_dump_all([claim("foo", exact("g", "gpu.nvidia.com"))] * 2),
      "duplicate.yaml: ResourceClaim default/foo: defined twice"),
 ]
 
@@ -430,7 +430,7 @@ def test_an_error_on_any_node_stops_the_pod_like_kube_scheduler(tmp_path):
     # and an error from any node's filter ends the pod's scheduling attempt.
     from eks_dra.planner.simulate import number_nodes
 
-    doc = claim("all", exact("gpu", "gpu.eks-dra.io"), exact("efa", "efa.eks-dra.io", mode="All"),
+    doc = claim("all", exact("gpu", "gpu.nvidia.com"), exact("efa", "efa.networking.k8s.aws", mode="All"),
                 constraints=((PCIE, []),))
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -443,20 +443,20 @@ def test_an_error_on_any_node_stops_the_pod_like_kube_scheduler(tmp_path):
 
 
 def test_requests_of_one_class_compete_for_the_same_devices(tmp_path):
-    both = claim("both", exact("x", "efa.eks-dra.io", 2), exact("g", "gpu.eks-dra.io"), exact("y", "efa.eks-dra.io", 3),
+    both = claim("both", exact("x", "efa.networking.k8s.aws", 2), exact("g", "gpu.nvidia.com"), exact("y", "efa.networking.k8s.aws", 3),
                  constraints=((PCIE, []),))
     assert reason_of(plan(tmp_path, "p5.48xlarge", both), "both").endswith(
         "at most 4 devices for x+y share one value of resource.kubernetes.io/pcieRoot (e.g. pci0000:44), "
         "together they need 5")
-    blocker = claim("blocker", exact("e", "efa.eks-dra.io"))
-    halves = claim("halves", exact("x", "efa.eks-dra.io", 16), exact("y", "efa.eks-dra.io", 16))
+    blocker = claim("blocker", exact("e", "efa.networking.k8s.aws"))
+    halves = claim("halves", exact("x", "efa.networking.k8s.aws", 16), exact("y", "efa.networking.k8s.aws", 16))
     assert reason_of(plan(tmp_path, "p5.48xlarge", blocker, halves), "halves") == (
         "the only p5.48xlarge node already holds other claims' devices: requests x+y need 32 matching devices, "
         "at most 31 are free on one node")
 
 
 def test_json_list_input(tmp_path):
-    listing = {"apiVersion": "v1", "kind": "List", "items": [GPU_EFA_ALIGNED, claim("two", exact("g", "gpu.eks-dra.io", 2))]}
+    listing = {"apiVersion": "v1", "kind": "List", "items": [GPU_EFA_ALIGNED, claim("two", exact("g", "gpu.nvidia.com", 2))]}
     path = tmp_path / "list.json"
     path.write_text(json.dumps(listing))
     env = CelEnvironment()
@@ -471,13 +471,13 @@ def test_daemonset_gets_one_pod_per_node_with_admin_access(tmp_path):
     template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                 "metadata": {"name": "all-gpus-admin", "namespace": "monitoring"},
                 "spec": {"spec": {"devices": {"requests": [
-                    exact("gpus", "gpu.eks-dra.io", mode="All", adminAccess=True)]}}}}
+                    exact("gpus", "gpu.nvidia.com", mode="All", adminAccess=True)]}}}}
     daemonset = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "dcgm", "namespace": "monitoring"},
                  "spec": {"template": {"spec": {
                      "tolerations": [{"operator": "Exists"}],
                      "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "all-gpus-admin"}],
                      "containers": [{"name": "c", "image": "x"}]}}}}
-    result = plan(tmp_path, "p5.48xlarge", claim("job", exact("gpus", "gpu.eks-dra.io", 8)), template, daemonset,
+    result = plan(tmp_path, "p5.48xlarge", claim("job", exact("gpus", "gpu.nvidia.com", 8)), template, daemonset,
                   nodes=2)
     assert [(c.name, c.node) for c in result.claims] == [
         ("job", "p5.48xlarge-0"), ("dcgm-p5.48xlarge-0-gpus", "p5.48xlarge-0"),
@@ -489,7 +489,7 @@ def test_pod_bound_to_a_node(tmp_path):
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
            "spec": {"nodeName": "p5.48xlarge-1", "tolerations": [{"operator": "Exists"}],
                     "resourceClaims": [{"name": "g", "resourceClaimName": "one"}], "containers": []}}
-    result = plan(tmp_path, "p5.48xlarge", claim("one", exact("gpu", "gpu.eks-dra.io")), pod, nodes=2)
+    result = plan(tmp_path, "p5.48xlarge", claim("one", exact("gpu", "gpu.nvidia.com")), pod, nodes=2)
     assert result.claims[0].node == "p5.48xlarge-1"
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from eks_dra import cli
+from eks_dra.devices import DEFAULT_DRIVER_NAMES
 from eks_dra.config import load_environment
 from eks_dra.planner.simulate import nodes_for_environment
 
@@ -23,7 +24,7 @@ def test_environment_nodes_are_its_dra_groups_at_max_size():
     assert [n.name for n in nodes] == ["p5-dra-0", "p5-dra-1", "trn2-dra-0", "trn2-dra-1", "g6e-bottlerocket-0",
                                        "p4d-mig-0"]
     p5 = nodes[0]
-    assert sorted({d.driver for d in p5.devices}) == ["efa.eks-dra.io", "gpu.eks-dra.io"]
+    assert sorted({d.driver for d in p5.devices}) == ["dra.net", "gpu.nvidia.com"]
     assert p5.labels["eks-dra.io/node-group"] == "p5-dra" and p5.labels["eks-dra.io/gpu"] == "dra"
     assert ("nvidia.com/gpu", "true", "NoSchedule") in p5.taints
     assert not any(key.endswith("/not-ready") for key, _, _ in p5.taints)  # removed by the driver once ready
@@ -51,9 +52,9 @@ def test_plan_environment_places_claims_on_its_node_groups(tmp_path, capsys):
            "spec": {"nodeSelector": {"eks-dra.io/node-group": "trn2-dra"},
                     "tolerations": [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}],
                     "resourceClaims": [{"name": "n", "resourceClaimName": "neurons"}], "containers": []}}
-    dist = _dist(tmp_path, "dev", ignored, _claim("eight-h100", "gpu.eks-dra.io", 8),
-                 _claim("eight-h100-more", "gpu.eks-dra.io", 8), _claim("mig", "mig.gpu.eks-dra.io", 7),
-                 _claim("neurons", "neuron.eks-dra.io", 16), pod)
+    dist = _dist(tmp_path, "dev", ignored, _claim("eight-h100", "gpu.nvidia.com", 8),
+                 _claim("eight-h100-more", "gpu.nvidia.com", 8), _claim("mig", "mig.nvidia.com", 7),
+                 _claim("neurons", "neuron.aws.com", 16), pod)
     code = cli.main(["plan", "-c", "env=dev", "--config-dir", str(REPO / "config"), "--dist-dir", str(dist),
                      "-o", "json"])
     claims = {c["name"]: c for c in json.loads(capsys.readouterr().out)["claims"]}
@@ -64,12 +65,12 @@ def test_plan_environment_places_claims_on_its_node_groups(tmp_path, capsys):
 
 
 def test_plan_environment_fails_when_a_sample_cannot_be_allocated(tmp_path, capsys):
-    dist = _dist(tmp_path, "dev", _claim("too-big", "gpu.eks-dra.io", 9))
+    dist = _dist(tmp_path, "dev", _claim("too-big", "gpu.nvidia.com", 9))
     assert cli.main(["plan", "-c", "env=dev", "--config-dir", str(REPO / "config"), "--dist-dir", str(dist)]) == 1
     out = capsys.readouterr().out
     assert "count 9 exceeds the 8 matching devices of p5.48xlarge" in out
     assert "count 9 exceeds the 8 matching devices of p4d.24xlarge (MIG 1g.5gb)" not in out  # no GPU class match
-    assert "no device of p4d.24xlarge (MIG 1g.5gb) matches DeviceClass gpu.eks-dra.io" in out
+    assert "no device of p4d.24xlarge (MIG 1g.5gb) matches DeviceClass gpu.nvidia.com" in out
 
 
 def test_plan_environment_without_synthesized_manifests(tmp_path, capsys):
@@ -89,7 +90,7 @@ def test_plan_environment_uses_its_driver_names(tmp_path, capsys):
     dist = tmp_path / "dist"
     (dist / "names").mkdir(parents=True)
     (dist / "names" / "all.k8s.yaml").write_text(
-        CLASSES.read_text().replace("gpu.eks-dra.io", "gpu.example.com") + "---\n"
+        CLASSES.read_text().replace("gpu.nvidia.com", "gpu.example.com") + "---\n"
         + yaml.safe_dump(_claim("g", "gpu.example.com")))
     assert cli.main(["plan", "-c", "env=names", "--config-dir", str(config), "--dist-dir", str(dist),
                      "-o", "json"]) == 0
@@ -106,7 +107,7 @@ def test_slices_prints_resource_slices(capsys):
     assert cli.main(["slices", "--instance-type", "p5.48xlarge", "--node-name", "ip-10-0-0-1"]) == 0
     slices = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [(s["kind"], s["spec"]["driver"], s["spec"]["nodeName"], len(s["spec"]["devices"])) for s in slices] == [
-        ("ResourceSlice", "gpu.eks-dra.io", "ip-10-0-0-1", 8), ("ResourceSlice", "efa.eks-dra.io", "ip-10-0-0-1", 32)]
+        ("ResourceSlice", "gpu.nvidia.com", "ip-10-0-0-1", 8), ("ResourceSlice", "dra.net", "ip-10-0-0-1", 32)]
     gpu0 = slices[0]["spec"]["devices"][0]
     assert gpu0["name"] == "gpu-0" and gpu0["attributes"]["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:44"}
     assert slices[0]["spec"]["pool"] == {"name": "ip-10-0-0-1", "generation": 1, "resourceSliceCount": 1}
@@ -137,7 +138,7 @@ def test_plan_on_published_resource_slices(tmp_path, capsys):
     slices = tmp_path / "slices.yaml"
     slices.write_text(capsys.readouterr().out)
     claims = tmp_path / "claims.yaml"
-    claims.write_text(yaml.safe_dump_all([_claim("all-eight", "gpu.eks-dra.io", 8), _claim("more", "gpu.eks-dra.io", 2)]))
+    claims.write_text(yaml.safe_dump_all([_claim("all-eight", "gpu.nvidia.com", 8), _claim("more", "gpu.nvidia.com", 2)]))
     assert cli.main(["plan", "--slices", str(slices), "--claims", str(CLASSES), str(claims), "-o", "json"]) == 0
     out = json.loads(capsys.readouterr().out)["claims"]
     assert [(c["node"], c["devices"][0]["pool"]) for c in out] == [("ip-10-0-0-0", "ip-10-0-0-0"),
@@ -160,25 +161,30 @@ def _config(tmp_path: Path, name: str, drivers: str) -> Path:
     return config
 
 
-def test_vendor_driver_claims_are_reported_not_planned(tmp_path, capsys):
-    # gpu.nvidia.com comes from NVIDIA's chart: its devices are not simulated, so the claim is left out
-    # with a warning naming the class, and the plan still checks the claims it can simulate.
-    config = _config(tmp_path, "vendor", "drivers: {gpu: upstream}\n")
+def test_vendor_driver_environments_are_planned_with_the_same_names(tmp_path, capsys):
+    # drivers.gpu: upstream: NVIDIA's driver publishes under the same names and attributes as ours, so the
+    # same claims plan, with no DeviceClass in the files (the vendor chart's classes are built in).
+    config = _config(tmp_path, "vendor", "drivers: {gpu: upstream, efa: upstream}\n")
     user = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "user", "namespace": "dra-samples"},
-            "spec": {"resourceClaims": [{"name": "g", "resourceClaimName": "vendor-gpu"}], "containers": []}}
-    dist = _dist(tmp_path, "vendor", _claim("vendor-gpu", "gpu.nvidia.com"), user,
-                 _claim("efas", "efa.eks-dra.io", 4))
-    code = cli.main(["plan", "-c", "env=vendor", "--config-dir", str(config), "--dist-dir", str(dist)])
-    out = capsys.readouterr().out
+            "spec": {"resourceClaims": [{"name": "g", "resourceClaimName": "vendor-gpu"}], "containers": [],
+                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}}
+    dist = tmp_path / "dist"
+    (dist / "vendor").mkdir(parents=True)
+    (dist / "vendor" / "0001-samples.k8s.yaml").write_text(yaml.safe_dump_all(
+        [_claim("vendor-gpu", DEFAULT_DRIVER_NAMES.class_name("gpu")), user,
+         _claim("efas", DEFAULT_DRIVER_NAMES.class_name("efa"), 4)]))
+    code = cli.main(["plan", "-c", "env=vendor", "--config-dir", str(config), "--dist-dir", str(dist),
+                     "--output", "json"])
+    out = json.loads(capsys.readouterr().out)
     assert code == 0
-    assert "1 of 1 claims allocated" in out
-    assert "ResourceClaim dra-samples/vendor-gpu: not planned: DeviceClass gpu.nvidia.com comes from a vendor" in out
-    assert "Pod dra-samples/user: not planned: it uses a claim left out of the plan" in out
+    drivers = {c["name"]: {d["driver"] for d in c["devices"]} for c in out["claims"]}
+    assert drivers == {"vendor-gpu": {"gpu.nvidia.com"}, "efas": {"dra.net"}}
 
 
-def test_unknown_class_is_still_bad_input_without_vendor_drivers(tmp_path, capsys):
+def test_unknown_class_is_bad_input_naming_the_known_ones(tmp_path, capsys):
     config = _config(tmp_path, "ours", "")
-    dist = _dist(tmp_path, "ours", _claim("vendor-gpu", "gpu.nvidia.com"))
+    dist = _dist(tmp_path, "ours", _claim("typo", "gpu.nvidia.co"))
     code = cli.main(["plan", "-c", "env=ours", "--config-dir", str(config), "--dist-dir", str(dist)])
     assert code == 2
-    assert "device class gpu.nvidia.com not found" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "device class gpu.nvidia.co not found" in err and "efa.networking.k8s.aws" in err

@@ -154,7 +154,7 @@ def test_labels_and_taints_follow_the_contract():
     p5 = by_name["p5-dra"]
     assert p5["Labels"]["eks-dra.io/gpu"] == "dra" and p5["Labels"]["eks-dra.io/efa"] == "dra"
     assert p5["Labels"]["nvidia.com/gpu.present"] == "true"
-    assert {"Key": "gpu.eks-dra.io/not-ready", "Value": "true", "Effect": "NO_SCHEDULE"} in p5["Taints"]
+    assert {"Key": "gpu.nvidia.com/not-ready", "Value": "true", "Effect": "NO_SCHEDULE"} in p5["Taints"]
     trn2 = by_name["trn2-dra"]
     assert trn2["Labels"]["eks-dra.io/neuron"] == "dra"
     assert {"Key": "aws.amazon.com/neuron", "Value": "true", "Effect": "NO_SCHEDULE"} in trn2["Taints"]

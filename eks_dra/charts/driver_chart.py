@@ -35,7 +35,7 @@ class DriverSettings:
     """What one driver's chart needs to know; defaults follow the driver runtime contract."""
 
     family: str  # gpu | efa | neuron
-    driver_name: str  # e.g. gpu.eks-dra.io
+    driver_name: str  # e.g. gpu.nvidia.com
     image: str = DEFAULT_IMAGE
     namespace: str = labels.SYSTEM_NAMESPACE
     # Readiness taints of the other DRA drivers: a node with GPU and EFA starts with both taints, and each

@@ -16,7 +16,7 @@ import cdk8s
 from cdk8s_plus_34 import k8s
 from constructs import Construct
 
-from eks_dra.devices import PCIE_ROOT, Device
+from eks_dra.devices import PCIE_ROOT, Device, names
 
 from . import labels
 from .device_classes import DeviceClasses
@@ -26,8 +26,9 @@ DEVICE_GROUP4 = "resource.aws.com/devicegroup4_id"
 # Extended resources of the device plugins (reference eks-accelerators.md §3.2, §3.4, §3.6).
 EXTENDED_RESOURCES = {"gpu": "nvidia.com/gpu", "efa": "vpc.amazonaws.com/efa", "neuron": "aws.amazon.com/neuron"}
 PREFERRED_GPUS = ("H100", "H200")
-OPAQUE_API = {"gpu": ("gpu.eks-dra.io/v1", "GpuConfig"), "neuron": ("neuron.eks-dra.io/v1", "NeuronConfig")}
-UPSTREAM_OPAQUE_API = {"gpu": ("resource.nvidia.com/v1beta1", "GpuConfig"), "neuron": ("neuron.aws.com/v1", "NeuronConfig")}
+# Our drivers read the upstream kinds, so one form serves both implementations of a family.
+OPAQUE_API = {"gpu": (names.GPU_CONFIG_API_VERSION, names.GPU_CONFIG_KIND),
+              "neuron": (names.NEURON_CONFIG_API_VERSION, names.NEURON_CONFIG_KIND)}
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ class SamplesChart(cdk8s.Chart):
         )
 
     def _opaque(self, family: str, requests: list[str], settings: dict) -> k8s.DeviceClaimConfiguration:
-        api_version, kind = (UPSTREAM_OPAQUE_API if self.classes.upstream(family) else OPAQUE_API)[family]
+        api_version, kind = OPAQUE_API[family]
         return k8s.DeviceClaimConfiguration(
             requests=requests,
             opaque=k8s.OpaqueDeviceConfiguration(driver=self.classes.driver(family),

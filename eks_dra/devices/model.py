@@ -2,7 +2,7 @@
 
 A `Device` is what a driver publishes in a `resource.k8s.io/v1` ResourceSlice: a name, typed attributes
 and capacities. Attribute keys without a domain belong to the driver's own domain (Kubernetes rule), so
-`productName` on driver `gpu.eks-dra.io` is read in CEL as `device.attributes["gpu.eks-dra.io"].productName`.
+`productName` on driver `gpu.nvidia.com` is read in CEL as `device.attributes["gpu.nvidia.com"].productName`.
 """
 
 from __future__ import annotations

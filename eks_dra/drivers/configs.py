@@ -5,8 +5,8 @@ the requests they list (all requests when none): class configs first, then claim
 replacing the earlier for the requests it covers. Unknown apiVersions, kinds or fields are an error naming
 the config entry and the field, reported on that claim only.
 
-    gpu.eks-dra.io/v1 GpuConfig:   {sharing: {strategy: TimeSlicing, timeSlicingConfig: {interval: Default|Short|Medium|Long}}}
-    neuron.eks-dra.io/v1 NeuronConfig: {logicalNeuronCore: 1|2}
+    resource.nvidia.com/v1beta1 GpuConfig: {sharing: {strategy: TimeSlicing, timeSlicingConfig: {interval: Default|Short|Medium|Long}}}
+    neuron.aws.com/v1 NeuronConfig:        {logicalNeuronCore: 1|2}
     efa: no configuration
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from eks_dra.devices import names
+
 OPAQUE_PARAMETERS_MAX_BYTES = 10 * 1024  # OpaqueParametersMaxLength of resource.k8s.io/v1
-GPU_API_VERSION = "gpu.eks-dra.io/v1"
-NEURON_API_VERSION = "neuron.eks-dra.io/v1"
 TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
 
 
@@ -76,8 +76,8 @@ def _neuron_config(params: dict, where: str) -> DeviceSettings:
 
 # family -> (apiVersion, kind, decoder)
 _SCHEMAS = {
-    "gpu": (GPU_API_VERSION, "GpuConfig", _gpu_config),
-    "neuron": (NEURON_API_VERSION, "NeuronConfig", _neuron_config),
+    "gpu": (names.GPU_CONFIG_API_VERSION, names.GPU_CONFIG_KIND, _gpu_config),
+    "neuron": (names.NEURON_CONFIG_API_VERSION, names.NEURON_CONFIG_KIND, _neuron_config),
 }
 
 

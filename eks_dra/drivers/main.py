@@ -15,10 +15,12 @@ import sys
 import threading
 from pathlib import Path
 
+from eks_dra.devices import names
+
 FAMILIES = ("gpu", "efa", "neuron")
 DEFAULT_HEALTH_PORTS = {"gpu": 51515, "efa": 51516, "neuron": 51517}
 DEFAULT_METRICS_PORTS = {"gpu": 51525, "efa": 51526, "neuron": 51527}
-DEFAULT_DRIVER_NAMES = {"gpu": "gpu.eks-dra.io", "efa": "efa.eks-dra.io", "neuron": "neuron.eks-dra.io"}
+DEFAULT_DRIVER_NAMES = {family: names.DEFAULT_DRIVER_NAMES.for_family(family) for family in FAMILIES}
 
 
 def _env(name: str, default=None):
@@ -30,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="eks-dra-driver", description="eks-dra DRA kubelet plugin")
     p.add_argument("family", choices=FAMILIES, help="device family this process drives")
     p.add_argument("--node-name", default=_env("NODE_NAME"), help="this node's name (env NODE_NAME; required)")
-    p.add_argument("--driver-name", default=_env("DRIVER_NAME"), help="DRA driver name (default <family>.eks-dra.io)")
+    p.add_argument("--driver-name", default=_env("DRIVER_NAME"), help="DRA driver name (default the upstream driver's: gpu.nvidia.com, dra.net, neuron.aws.com)")
     p.add_argument("--kubeconfig", default=_env("KUBECONFIG"), help="kubeconfig file (default: in-cluster)")
     p.add_argument("--host-root", type=Path, default=Path(_env("HOST_ROOT", "/")), help="host's / (sysfs, /dev)")
     p.add_argument("--plugins-dir", type=Path, default=Path(_env("KUBELET_PLUGINS_DIR", "/var/lib/kubelet/plugins")))

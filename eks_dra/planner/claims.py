@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from eks_dra.devices.classes import DeviceClassDefinition
 from eks_dra.errors import UserError
 
 from .cel_env import CelEnvironment, Selector
@@ -338,17 +339,24 @@ def _class_names(spec: Any) -> set[str]:
     return names
 
 
-def load_manifests(paths: list[Path], env: CelEnvironment, external_classes: bool = False) -> Manifests:
+def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tuple[DeviceClassDefinition, ...] = (),
+                   external_classes: dict[str, str] | None = None) -> Manifests:
     """Parse every DeviceClass, claim, template and claim-using workload in the files.
 
-    With `external_classes`, a claim asking for a DeviceClass that the files do not define is left out
-    of the plan (and said so in `Manifests.skipped`) instead of being an error: an environment that runs
-    a vendor's driver gets that class from the vendor's chart, and eks-dra does not simulate its slices.
+    `builtin_classes` are the cluster's own DeviceClasses (a class in the files replaces one of them).
+    A claim asking for one of `external_classes` (class name -> who serves it) is left out of the plan and
+    said so in `Manifests.skipped`: its devices come from a controller eks-dra does not simulate.
     """
     docs = read_documents(paths)
     skipped: list[str] = []
     skipped_refs: set[tuple[str, str, str]] = set()  # (kind, namespace, name)
+    external_classes = external_classes or {}
     loader = _Loader(env)
+    for definition in builtin_classes:
+        source = Source("built-in", "DeviceClass", definition.name, None)
+        where = f"{source}: spec.selectors[0].cel.expression"
+        loader.classes[definition.name] = DeviceClass(definition.name, (env.compile(definition.expression, where),),
+                                                      source)
     for doc in docs:  # classes first: claims may come before their class in the files
         if doc.kind == "DeviceClass" and doc.obj.get("apiVersion") in RESOURCE_API_VERSIONS:
             loader.device_class(doc)
@@ -367,12 +375,10 @@ def load_manifests(paths: list[Path], env: CelEnvironment, external_classes: boo
         loader._unique(doc, namespaced=True)
         where = str(doc.source())
         raw_spec = doc.obj.get("spec") if doc.kind == "ResourceClaim" else (doc.obj.get("spec") or {}).get("spec")
-        missing = sorted(_class_names(raw_spec) - set(loader.classes)) if external_classes else []
-        if missing:
-            what = f"DeviceClass {missing[0]} comes" if len(missing) == 1 else \
-                f"DeviceClasses {', '.join(missing)} come"
-            skipped.append(f"{where}: not planned: {what} from a vendor driver chart whose devices eks-dra "
-                           "does not simulate")
+        external = sorted(_class_names(raw_spec) & set(external_classes))
+        if external:
+            skipped.append(f"{where}: not planned: DeviceClass {external[0]} is served by "
+                           f"{external_classes[external[0]]}, whose devices eks-dra does not simulate")
             skipped_refs.add((doc.kind, doc.namespace, doc.name))
             continue
         if doc.kind == "ResourceClaim":

@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from eks_dra.devices import FAMILIES
+from eks_dra.devices.classes import DeviceClasses
 from eks_dra.errors import UserError
 
 from .cel_env import CelEnvironment
@@ -27,9 +29,9 @@ from .simulate import nodes_for_environment, nodes_for_instance_type, nodes_from
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instance-type", help="simulate nodes of this instance type (e.g. p5.48xlarge)")
     parser.add_argument("--nodes", type=int, default=1, help="number of simulated nodes (default 1)")
-    parser.add_argument("--claims", nargs="+", type=Path, metavar="FILE",
+    parser.add_argument("--claims", nargs="+", action="extend", type=Path, metavar="FILE",
                         help="YAML/JSON manifests: DeviceClasses, ResourceClaims, ResourceClaimTemplates, workloads")
-    parser.add_argument("--slices", nargs="+", type=Path, metavar="FILE",
+    parser.add_argument("--slices", nargs="+", action="extend", type=Path, metavar="FILE",
                         help="plan on the nodes of these ResourceSlices instead of simulated ones")
     parser.add_argument("--mig-profile", help="static MIG: every GPU split into this profile (e.g. 1g.10gb)")
     parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
@@ -52,6 +54,11 @@ def _environment_name(contexts: list[str]) -> str | None:
     return env
 
 
+def environment_classes(environment) -> DeviceClasses:
+    """Who serves each family of an environment (our driver or the vendor's) under which names."""
+    return DeviceClasses({f: environment.drivers.implementation(f) for f in FAMILIES}, environment.drivers.names)
+
+
 def build_plan(args: argparse.Namespace) -> PlanResult:
     env_name = _environment_name(args.context)
     if env_name is not None:
@@ -60,8 +67,8 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
         from eks_dra.config import load_environment
 
         environment = load_environment(env_name, args.config_dir)
+        classes = environment_classes(environment)
         nodes = nodes_for_environment(environment)
-        vendor_drivers = any(getattr(environment.drivers, f) == "upstream" for f in ("gpu", "efa", "neuron"))
         files = args.claims
         if not files:
             dist = args.dist_dir / env_name
@@ -72,20 +79,20 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
             if not files:
                 raise UserError(f"{dist} holds no *.k8s.yaml manifests: run `make synth ENV={env_name}`")
     else:
-        vendor_drivers = False
         if bool(args.instance_type) == bool(args.slices):
             raise UserError("give --instance-type T or --slices FILE... (with --claims FILE...), or -c env=NAME")
         if not args.claims:
             raise UserError("--claims FILE... is required with --instance-type and --slices")
+        classes = DeviceClasses({}, driver_names(args.driver_name))
         if args.slices:
             nodes = nodes_from_slices([(d.obj, str(d.source(namespaced=False))) for d in read_documents(args.slices)
                                        if d.kind == "ResourceSlice"])
         else:
-            nodes = nodes_for_instance_type(args.instance_type, args.nodes, names=driver_names(args.driver_name),
+            nodes = nodes_for_instance_type(args.instance_type, args.nodes, names=classes.names,
                                             mig_profile=args.mig_profile)
         files = args.claims
     env = CelEnvironment()
-    manifests = load_manifests(list(files), env, external_classes=vendor_drivers)
+    manifests = load_manifests(list(files), env, builtin_classes=tuple(classes.all()))
     result = Planner(env, nodes).run(manifests.pods)
     result.warnings.extend(manifests.skipped)
     return result

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from eks_dra.catalog import UnknownInstanceType, get_instance_type
-from eks_dra.devices import DEFAULT_DRIVER_NAMES, AttributeValue, Device, DriverNames, Version, simulate_node
+from eks_dra.devices import DEFAULT_DRIVER_NAMES, FAMILIES, AttributeValue, Device, DriverNames, Version, simulate_node
+from eks_dra.devices.classes import DeviceClasses
 from eks_dra.errors import UserError
 
 if TYPE_CHECKING:
@@ -147,7 +148,9 @@ def _accelerator_taints(kind: str | None) -> tuple[tuple[str, str, str], ...]:
 
 
 def nodes_for_environment(env: EnvironmentConfig) -> list[SimNode]:
-    """max_size nodes (at least one) of every node group with a DRA-managed device family."""
+    """max_size nodes (at least one) of every node group with a DRA-managed device family. A family served
+    by the vendor's driver publishes under the vendor's name the same vocabulary as ours."""
+    names = DeviceClasses({f: env.drivers.implementation(f) for f in FAMILIES}, env.drivers.names).driver_names()
     nodes: list[SimNode] = []
     for group in env.node_groups:
         families = tuple(f for f in group.families if group.manager(f) == "dra")
@@ -157,7 +160,7 @@ def nodes_for_environment(env: EnvironmentConfig) -> list[SimNode]:
         taints = tuple((t.key, t.value, t.effect) for t in env.node_taints(group)
                        if not t.key.endswith(_READINESS_TAINT_SUFFIX))
         for i in range(max(group.max_size, 1)):
-            nodes.append(simulate_plan_node(group.instance_type, f"{group.name}-{i}", names=env.drivers.names,
+            nodes.append(simulate_plan_node(group.instance_type, f"{group.name}-{i}", names=names,
                                             mig_profile=group.mig_profile, families=families, group=group.name,
                                             labels=labels, taints=taints))
     return number_nodes(nodes)

@@ -23,7 +23,7 @@ from .fake_kube import FakeKube
 from .kubelet import Kubelet
 
 REPO = Path(__file__).resolve().parents[2]
-DRIVERS = {"gpu": "gpu.eks-dra.io", "efa": "efa.eks-dra.io", "neuron": "neuron.eks-dra.io"}
+DRIVERS = {"gpu": "gpu.nvidia.com", "efa": "dra.net", "neuron": "neuron.aws.com"}
 
 
 def short_tmp() -> Path:

@@ -32,7 +32,7 @@ from eks_dra.drivers import fixture
 from eks_dra.drivers.kube import json_lines
 
 FULL = os.environ.get("EKS_DRA_FF_FULL") == "1"
-DRIVERS = {"gpu": "gpu.eks-dra.io", "efa": "efa.eks-dra.io", "neuron": "neuron.eks-dra.io"}
+DRIVERS = {"gpu": "gpu.nvidia.com", "efa": "dra.net", "neuron": "neuron.aws.com"}
 RBAC_NAMESPACE = "eks-dra-ff"
 SERVICE_ACCOUNT = "eks-dra-driver"
 FIGURES_FILE = os.environ.get("EKS_DRA_FF_FIGURES")  # bench/field_failures.py collects figures through it

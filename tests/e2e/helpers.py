@@ -24,6 +24,8 @@ from controlplane import PREPARED_ANNOTATION, ControlPlane, KubeletStandIn, sa_k
 from kubernetes import client, config, dynamic
 from kubernetes.client.rest import ApiException
 
+from eks_dra.devices import DEFAULT_DRIVER_NAMES
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SAMPLES_NAMESPACE = "dra-samples"
@@ -91,7 +93,7 @@ class DriverProcess:
 
     def __init__(self, node: SimulatedNode, family: str, kubeconfig: Path) -> None:
         self.node, self.family, self.kubeconfig = node, family, kubeconfig
-        self.driver_name = f"{family}.eks-dra.io"
+        self.driver_name = DEFAULT_DRIVER_NAMES.for_family(family)
         self.state_dir = node.root / "state" / family
         self.log_path = node.root / f"driver-{family}.log"
         self.proc: subprocess.Popen | None = None

@@ -34,6 +34,8 @@ from helpers import (
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from eks_dra.devices import DEFAULT_DRIVER_NAMES
+
 pytestmark = pytest.mark.e2e
 
 # Samples of dev that no simulated node can hold: MIG (no p4d node) and the device-plugin pods (no plugin).
@@ -93,7 +95,7 @@ def test_drivers_publish_the_simulated_devices_and_untaint(dev):
     for node in dev.nodes.values():
         expected = simulate_node(get_instance_type(node.instance_type), node.name)
         for family in node.families:
-            published = sorted(name for (drv, pool, name) in devices if drv == f"{family}.eks-dra.io" and pool == node.name)
+            published = sorted(name for (drv, pool, name) in devices if drv == DEFAULT_DRIVER_NAMES.for_family(family) and pool == node.name)
             assert published == sorted(d.name for d in expected[family]), (node.name, family)
         taints = as_dict(dev.core.read_node, node.name)["spec"].get("taints") or []
         # The drivers removed their own readiness taints; the accelerator taint stays.
@@ -138,7 +140,7 @@ def extra_pod(dev: DevCluster, name: str, claim: str, node: str | None = None) -
 
 
 def request(name: str, family: str, count: int = 1, selectors: list[str] | None = None) -> dict:
-    exactly = {"deviceClassName": f"{family}.eks-dra.io", "count": count}
+    exactly = {"deviceClassName": DEFAULT_DRIVER_NAMES.class_name(family), "count": count}
     if selectors:
         exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
     return {"name": name, "exactly": exactly}
@@ -230,9 +232,9 @@ def test_node_identity_cannot_write_other_nodes_or_drivers_slices(dev):
     own, other = "dev-p5-0", "dev-p5-1"
     as_gpu = client.ResourceV1Api(config.new_client_from_config(str(dev.driver_kubeconfig(own, "gpu"))))
     pools = dev.slices_by_pool()
-    other_gpu = pools[("gpu.eks-dra.io", other)][0]
-    own_efa = pools[("efa.eks-dra.io", own)][0]
-    own_gpu = pools[("gpu.eks-dra.io", own)][0]
+    other_gpu = pools[("gpu.nvidia.com", other)][0]
+    own_efa = pools[("dra.net", own)][0]
+    own_gpu = pools[("gpu.nvidia.com", own)][0]
 
     def copy(s: dict, **spec) -> dict:
         return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
@@ -249,21 +251,21 @@ def test_node_identity_cannot_write_other_nodes_or_drivers_slices(dev):
     forbidden(as_gpu.delete_resource_slice, other_gpu["metadata"]["name"], dry_run="All")
     # Another driver's slices on its own node: no create, update or delete either.
     exc = forbidden(as_gpu.create_resource_slice, copy(own_efa, nodeName=own), dry_run="All")
-    assert "may only write ResourceSlices of driver gpu.eks-dra.io" in exc.body
+    assert "may only write ResourceSlices of driver gpu.nvidia.com" in exc.body
     forbidden(as_gpu.replace_resource_slice, own_efa["metadata"]["name"], own_efa, dry_run="All")
     forbidden(as_gpu.delete_resource_slice, own_efa["metadata"]["name"], dry_run="All")
     # The Node: only its own readiness taint on its own node.
     as_gpu_core = client.CoreV1Api(as_gpu.api_client)
-    taint = {"key": "efa.eks-dra.io/not-ready", "value": "true", "effect": "NoSchedule"}
+    taint = {"key": "dra.net/not-ready", "value": "true", "effect": "NoSchedule"}
     node = as_dict(as_gpu_core.read_node, own)
     forbidden(as_gpu_core.patch_node, own, {"spec": {"taints": [*node["spec"].get("taints", []), taint]}},
               dry_run="All")
     forbidden(as_gpu_core.patch_node, own, {"metadata": {"labels": {"eks-dra.io/gpu": "device-plugin"}}}, dry_run="All")
     forbidden(as_gpu_core.patch_node, other, {"spec": {"taints": []}}, dry_run="All")
-    mine = {"key": "gpu.eks-dra.io/not-ready", "value": "true", "effect": "NoSchedule"}
+    mine = {"key": "gpu.nvidia.com/not-ready", "value": "true", "effect": "NoSchedule"}
     as_gpu_core.patch_node(own, {"spec": {"taints": [*node["spec"].get("taints", []), mine]}}, dry_run="All")
     # Nothing changed for real.
-    assert dev.slices_by_pool()[("gpu.eks-dra.io", other)][0]["metadata"]["resourceVersion"] == \
+    assert dev.slices_by_pool()[("gpu.nvidia.com", other)][0]["metadata"]["resourceVersion"] == \
         other_gpu["metadata"]["resourceVersion"]
 
 
@@ -317,7 +319,7 @@ def test_scheduler_allocates_samples_and_drivers_prepare_them(dev, samples):
     assert [d["timeSliceInterval"] for d in applied["devices"].values()] == ["Long"]
     # ... and the logical NeuronCore size in the Neuron claim's CDI spec (trn2: 8 physical cores per device).
     lnc = claim_of(dev, "neuron-lnc")
-    spec = dev.nodes["dev-trn2-0"].cdi_specs()[f"k8s.neuron.eks-dra.io-claim_{lnc['metadata']['uid']}.json"]
+    spec = dev.nodes["dev-trn2-0"].cdi_specs()[f"k8s.neuron.aws.com-claim_{lnc['metadata']['uid']}.json"]
     env = dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
     assert env["NEURON_LOGICAL_NC_CONFIG"] == "2"
     ids = sorted(int(r["device"].split("-")[1]) for r in lnc["status"]["allocation"]["devices"]["results"])
@@ -360,7 +362,7 @@ def scheduler_verdicts(dev: DevCluster, namespaces: list[str]) -> Counter:
 def test_planner_agrees_with_the_scheduler_on_published_slices(dev, tmp_path, samples):
     """`eks-dra plan --slices` on the real ResourceSlices gives every claim the scheduler's verdict."""
     # A claim no simulated node can hold: an L40S (g6e) and an EFA on its PCIe root; g6e's EFAs sit on other roots.
-    unplaceable = [request("gpu", "gpu", selectors=["device.attributes['gpu.eks-dra.io'].productName.contains('L40S')"]),
+    unplaceable = [request("gpu", "gpu", selectors=["device.attributes['gpu.nvidia.com'].productName.contains('L40S')"]),
                    request("efa", "efa")]
     claim = extra_claim(dev, "g6e-gpu-efa-aligned", unplaceable,
                         [{"requests": ["gpu", "efa"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}])
@@ -402,8 +404,8 @@ def test_planner_agrees_with_the_scheduler_on_published_slices(dev, tmp_path, sa
 def test_bad_opaque_config_fails_prepare_with_the_field_named(dev, samples):
     """The scheduler allocates (opaque parameters are the driver's business); the driver refuses to prepare a
     claim whose GpuConfig it cannot decode, names the field, and leaves no CDI spec or checkpoint entry."""
-    config_entry = {"requests": ["gpu"], "opaque": {"driver": "gpu.eks-dra.io", "parameters": {
-        "apiVersion": "gpu.eks-dra.io/v1", "kind": "GpuConfig",
+    config_entry = {"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
         "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Fast"}}}}}
     body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": "bad-config", "namespace": EXTRA_NAMESPACE},
@@ -457,7 +459,7 @@ def test_driver_restarts_lose_nothing(dev, samples):
     gpu, efa = node.drivers["gpu"], node.drivers["efa"]
     assert gpu.stop(signal.SIGTERM) == 0, gpu.log_tail()
     gpu.start()
-    node.kubelet.wait_registered("gpu.eks-dra.io", count=2)
+    node.kubelet.wait_registered("gpu.nvidia.com", count=2)
     dev.wait_slices()
     assert node_state(dev, name) == before
 
@@ -472,7 +474,7 @@ def test_driver_restarts_lose_nothing(dev, samples):
 
     wait_until(prepare_failed, 60, what="a failed prepare while the EFA driver is down")
     efa.start()
-    node.kubelet.wait_registered("efa.eks-dra.io", count=2)
+    node.kubelet.wait_registered("dra.net", count=2)
     pod = wait_running(dev, EXTRA_NAMESPACE, "while-efa-down", timeout=90)
     check_prepared(dev, pod)
     after = node_state(dev, name)
@@ -512,7 +514,7 @@ def test_api_server_restart_keeps_slices_and_drivers_recover(dev, control_plane,
     for node in dev.nodes.values():
         assert all(d.running for d in node.drivers.values()), {f: d.log_tail() for f, d in node.drivers.items()}
     # The drivers' slice watches resumed: a slice deleted behind a driver's back is put back.
-    victim = dev.slices_by_pool()[("efa.eks-dra.io", "dev-g6e-0")][0]["metadata"]["name"]
+    victim = dev.slices_by_pool()[("dra.net", "dev-g6e-0")][0]["metadata"]["name"]
     dev.resource.delete_resource_slice(victim)
     wait_until(lambda: sorted(dev.devices()) == before, 90, interval=0.5, what="the deleted slice republished")
     # Prepare still reaches the API server (claim lookups) after the restart.

@@ -368,7 +368,7 @@ def test_reboot_reapplies_gpu_time_slicing(api, nodes):
     wait_registered(node, drv)
     wait_devices(api, node, drv, 8)
     ns = make_namespace(api, "ff-ts")
-    config = {"apiVersion": "gpu.eks-dra.io/v1", "kind": "GpuConfig",
+    config = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
               "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
     template = claim_template(api, ns, "shared", ensure_device_class(api, GPU), opaque=(GPU, config))
     pod = start_pods(api, ns, node, template, 1)["w-0"]
