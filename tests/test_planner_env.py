@@ -10,8 +10,8 @@ from pathlib import Path
 import yaml
 
 from eks_dra import cli
-from eks_dra.devices import DEFAULT_DRIVER_NAMES
 from eks_dra.config import load_environment
+from eks_dra.devices import DEFAULT_DRIVER_NAMES
 from eks_dra.planner.simulate import nodes_for_environment
 
 REPO = Path(__file__).resolve().parents[1]
