@@ -27,6 +27,7 @@ import (
 	"strings"
 
 	"github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi/spec"
@@ -132,6 +133,8 @@ func run(in io.Reader, out io.Writer) error {
 	for i, g := range req.GPUs {
 		d := server.Devices[i].(*dgxa100.Device)
 		d.UUID, d.Minor, d.PciBusID = g.UUID, g.Minor, g.PciBusID
+		// Methods nvcdi calls that the dgxa100 mock leaves unset.
+		d.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return false, nvml.SUCCESS }
 	}
 	devRoot, err := mirrorDev(req.DriverRoot)
 	if err != nil {
