@@ -12,7 +12,9 @@
 // directory that serves as nvcdi's dev root, and reports paths relative to it.
 //
 // Input (stdin, JSON): {"driverRoot": DIR, "hookPath": "/usr/bin/nvidia-cdi-hook", "driverVersion": V,
-// "gpus": [{"uuid", "minor", "pciBusID", "migs": [{"uuid", "gi", "ci"}]}]}.
+// "gpus": [{"uuid", "minor", "pciBusID", "migs": [{"uuid", "gi", "ci"}]}], "realNvmlLibrary": PATH}.
+// With realNvmlLibrary (make gpu-check on a GPU node) the real NVML from that file replaces the mock and
+// the driver root's own /dev is used as is.
 // Output (stdout, JSON): {"common": ContainerEdits, "devices": {uuid: ContainerEdits}}.
 package main
 
@@ -55,12 +57,13 @@ type input struct {
 	HookPath      string     `json:"hookPath"`
 	DriverVersion string     `json:"driverVersion"`
 	GPUs          []gpuInput `json:"gpus"`
+	RealNVML      string     `json:"realNvmlLibrary"`
 }
 
 type output struct {
 	Common  *specs.ContainerEdits            `json:"common"`
 	Devices map[string]*specs.ContainerEdits `json:"devices"`
-	DevRoot string                           `json:"devRoot"`
+	DevRoot string                           `json:"devRoot"` // the mirrored dev root ("" with the real NVML)
 }
 
 func main() {
@@ -124,33 +127,45 @@ func run(in io.Reader, out io.Writer) error {
 	if err := json.NewDecoder(in).Decode(&req); err != nil {
 		return fmt.Errorf("reading the request: %w", err)
 	}
-	server := dgxa100.New()
-	if len(req.GPUs) > len(server.Devices) {
-		return fmt.Errorf("%d GPUs requested; the mock has %d", len(req.GPUs), len(server.Devices))
+	var nvmlLib nvml.Interface
+	devRoot, reportedDevRoot := req.DriverRoot, ""
+	if req.RealNVML != "" {
+		nvmlLib = nvml.New(nvml.WithLibraryPath(req.RealNVML))
+		if ret := nvmlLib.Init(); ret != nvml.SUCCESS {
+			return fmt.Errorf("nvmlInit with %s: %v", req.RealNVML, ret)
+		}
+		defer func() { _ = nvmlLib.Shutdown() }()
+	} else {
+		server := dgxa100.New()
+		if len(req.GPUs) > len(server.Devices) {
+			return fmt.Errorf("%d GPUs requested; the mock has %d", len(req.GPUs), len(server.Devices))
+		}
+		server.Devices = server.Devices[:len(req.GPUs)]
+		server.DriverVersion = req.DriverVersion
+		for i, g := range req.GPUs {
+			d := server.Devices[i].(*dgxa100.Device)
+			d.UUID, d.Minor, d.PciBusID = g.UUID, g.Minor, g.PciBusID
+			// Methods nvcdi calls that the dgxa100 mock leaves unset.
+			d.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return false, nvml.SUCCESS }
+		}
+		nvmlLib = server
+		mirrored, err := mirrorDev(req.DriverRoot)
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(mirrored)
+		devRoot, reportedDevRoot = mirrored, mirrored
 	}
-	server.Devices = server.Devices[:len(req.GPUs)]
-	server.DriverVersion = req.DriverVersion
-	for i, g := range req.GPUs {
-		d := server.Devices[i].(*dgxa100.Device)
-		d.UUID, d.Minor, d.PciBusID = g.UUID, g.Minor, g.PciBusID
-		// Methods nvcdi calls that the dgxa100 mock leaves unset.
-		d.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return false, nvml.SUCCESS }
-	}
-	devRoot, err := mirrorDev(req.DriverRoot)
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(devRoot)
 
 	logger := logrus.New()
 	logger.SetOutput(os.Stderr)
 	logger.SetLevel(logrus.WarnLevel)
 	lib, err := nvcdi.New(
-		nvcdi.WithDeviceLib(device.New(server)),
+		nvcdi.WithDeviceLib(device.New(nvmlLib)),
 		nvcdi.WithDriverRoot(req.DriverRoot),
 		nvcdi.WithDevRoot(devRoot),
 		nvcdi.WithLogger(logger),
-		nvcdi.WithNvmlLib(server),
+		nvcdi.WithNvmlLib(nvmlLib),
 		nvcdi.WithMode("nvml"),
 		nvcdi.WithVendor("k8s.nvcdi-fixture"),
 		nvcdi.WithClass("claim"),
@@ -202,7 +217,7 @@ func run(in io.Reader, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("transform root: %w", err)
 	}
-	result := output{Common: &raw.ContainerEdits, Devices: map[string]*specs.ContainerEdits{}, DevRoot: devRoot}
+	result := output{Common: &raw.ContainerEdits, Devices: map[string]*specs.ContainerEdits{}, DevRoot: reportedDevRoot}
 	for i := range raw.Devices {
 		result.Devices[raw.Devices[i].Name] = &raw.Devices[i].ContainerEdits
 	}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,11 +22,9 @@ from drivers.harness import DRIVERS, Node, kubelet_for, make_claim, short_tmp, s
 
 from eks_dra.drivers import discovery
 from eks_dra.drivers.gpu.cdi_edits import DEFAULT_HOOK_PATH
+from eks_dra.drivers.gpu.equivalence import build_reference, compare, differences, normalise, run_reference
 
-HERE = Path(__file__).resolve().parent
 GPU = DRIVERS["gpu"]
-# nvcdi's executable lookup searches its own PATH first: pin it to the default list, as on a node.
-NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def _can_mknod() -> bool:
@@ -49,10 +46,10 @@ def nvcdi_binary() -> Path:
     if not _can_mknod():
         pytest.skip("nvidia-ctk tier: no CAP_MKNOD here; nvcdi finds device nodes only as character devices, "
                     "which the reference program creates with mknod")
-    proc = subprocess.run(["bash", str(HERE / "build.sh")], capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        pytest.fail(f"tests/nvidia_ctk/build.sh failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return Path(proc.stdout.strip().splitlines()[-1])
+    try:
+        return build_reference()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 def host_gpus(root: Path) -> list[dict]:
@@ -70,39 +67,9 @@ def host_gpus(root: Path) -> list[dict]:
 
 
 def nvcdi(binary: Path, root: Path) -> dict:
-    gpus = host_gpus(root)
     version = discovery.parse_nvidia_version((root / discovery.NVIDIA_VERSION_FILE).read_text())
-    request = {"driverRoot": str(root), "hookPath": DEFAULT_HOOK_PATH, "driverVersion": version, "gpus": gpus}
-    proc = subprocess.run([str(binary)], input=json.dumps(request), capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PATH": NODE_PATH})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout)
-    dev_root = out["devRoot"]
-    for edits in [out["common"], *out["devices"].values()]:
-        for node in edits.get("deviceNodes") or []:  # nvcdi saw our nodes through its mknod'ed dev root
-            node["hostPath"] = node.get("hostPath", node["path"]).replace(dev_root, "", 1)
-    return out
-
-
-def normalise(*edits: dict) -> dict:
-    """The union of container edits as sets: what a runtime applies, regardless of order and names."""
-    out: dict[str, set] = {"env": set(), "mounts": set(), "deviceNodes": set(), "hooks": set()}
-    for e in edits:
-        out["env"] |= set(e.get("env") or [])
-        out["mounts"] |= {(m["hostPath"], m["containerPath"], tuple(m.get("options") or []))
-                          for m in e.get("mounts") or []}
-        out["deviceNodes"] |= {(n.get("hostPath") or n["path"], n["path"]) for n in e.get("deviceNodes") or []}
-        out["hooks"] |= {(h["hookName"], h["path"], tuple(h["args"]), tuple(h.get("env") or []))
-                         for h in e.get("hooks") or []}
-    return out
-
-
-def differences(ours: dict, theirs: dict) -> list[str]:
-    lines = []
-    for key in ours:
-        lines += [f"{key}: only ours: {x}" for x in sorted(ours[key] - theirs[key], key=str)]
-        lines += [f"{key}: only nvcdi: {x}" for x in sorted(theirs[key] - ours[key], key=str)]
-    return lines
+    return run_reference(binary, {"driverRoot": str(root), "hookPath": DEFAULT_HOOK_PATH, "driverVersion": version,
+                                  "gpus": host_gpus(root)})
 
 
 def _assert_same(ours: dict, theirs: dict) -> None:
@@ -176,3 +143,9 @@ def test_the_comparison_notices_a_missing_library(nvcdi_binary, node):
     ours["mounts"].remove(dropped)
     diff = differences(normalise(ours), normalise(theirs["common"]))
     assert diff == [f"mounts: only nvcdi: {(dropped['hostPath'], dropped['containerPath'], tuple(dropped['options']))}"]
+
+
+def test_gpu_checks_comparison_on_the_fixture(nvcdi_binary, node):
+    """`make gpu-check`'s comparison (one spec with every device) on the fixture: no difference."""
+    kube, n, driver, kubelet = node
+    assert compare(discovery.discover("gpu", n.host, n.name), nvcdi(nvcdi_binary, n.host)) == []
