@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from eks_dra.drivers import discovery, gpu_check, nvml
-from eks_dra.drivers.gpu import mig as mig_marker
 from eks_dra.drivers.fixture import write_fixture
+from eks_dra.drivers.gpu import mig as mig_marker
 from eks_dra.drivers.nvml import Nvml, NvmlUnavailable, normalize_bus_id
 
 H100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", pci_id=0x2330)
