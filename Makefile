@@ -55,8 +55,10 @@ bench-e2e: deps
 	$(PY) bench/e2e.py
 	$(PY) bench/field_failures.py
 
+# On a node with an NVIDIA GPU: NVML (from the driver root) discovery, and our CDI edits against NVIDIA's
+# pkg/nvcdi with the real NVML (tests/nvidia_ctk, Go needed). NVIDIA_DRIVER_ROOT: the driver root (default /).
 gpu-check: deps
-	$(PY) -m eks_dra.drivers.gpu_check
+	$(PY) -m eks_dra.drivers.gpu_check --driver-root $(or $(NVIDIA_DRIVER_ROOT),/)
 
 protos: deps
 	$(PY) -m eks_dra.drivers.proto.generate

@@ -95,10 +95,18 @@ def test_driver_daemon_set_follows_the_runtime_contract() -> None:
         assert pod["priorityClassName"] == "system-node-critical"
         assert not pod.get("hostNetwork"), "surge pods of a rolling update would collide on host ports"
         mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
-        assert set(mounts) == {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi", "/host"}
+        common = {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi", "/host"}
+        # gpu: the NVIDIA driver root at /driver-root (NVML, nvidia-smi by explicit path), as the upstream chart
+        assert set(mounts) == (common | {"/driver-root"} if family == "gpu" else common)
         assert mounts["/host"]["readOnly"] is True
         volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
         assert volumes[mounts["/host"]["name"]] == "/"
+        if family == "gpu":
+            assert volumes[mounts["/driver-root"]["name"]] == "/" and mounts["/driver-root"]["readOnly"] is True
+            assert env["NVIDIA_DRIVER_ROOT"] == "/" and env["CONTAINER_DRIVER_ROOT"] == "/driver-root"
+            assert env["NVIDIA_VISIBLE_DEVICES"] == "void"  # no nvidia-runtime injection into the plugin itself
+        else:
+            assert "NVIDIA_VISIBLE_DEVICES" not in env
         assert c["resources"]["requests"] and c["resources"]["limits"]
         sc = c["securityContext"]
         if family in ("gpu", "efa"):  # NVML device nodes; EFA also runs on dev's Bottlerocket g6e group

@@ -10,9 +10,12 @@ from test_discovery_fakes import FakeNvml
 
 from eks_dra.catalog import INSTANCE_TYPES, get_instance_type
 from eks_dra.devices import FAMILIES, PCIE_ROOT, node_facts, simulate_node
+from eks_dra.devices.gpu import DEFAULT_DRIVER_VERSION, PARENT_UUID
 from eks_dra.drivers import discovery
+from eks_dra.drivers import nvml as nvml_module
 from eks_dra.drivers.discovery import DiscoveryError, discover, pcie_root
 from eks_dra.drivers.fixture import add_devices, remove_devices, unload_driver, write_fixture
+from eks_dra.drivers.gpu.host import GpuHost
 
 NODE = "ip-10-0-1-23.ec2.internal"
 
@@ -60,12 +63,20 @@ def test_nvml_path_equals_simulation(tmp_path, instance_type, profile):
 def test_discovered_devices_carry_nodes_env_and_parents(tmp_path):
     root = write_fixture("p5.48xlarge", tmp_path / "h", node_name=NODE, mig_profile="3g.40gb")
     gpu = discover("gpu", root, NODE)
-    assert gpu.common_device_nodes == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert gpu.common_device_nodes == ["/dev/nvidia-uvm-tools", "/dev/nvidia-uvm", "/dev/nvidiactl"]  # nvcdi's order
     mig = gpu.by_name()["gpu-3-mig-3g-40gb-1"]
     assert mig.parent == "gpu-3"
     assert mig.device_nodes[0] == "/dev/nvidia3" and len(mig.device_nodes) == 3
     assert all(n.startswith("/dev/nvidia-caps/nvidia-cap") for n in mig.device_nodes[1:])
-    assert mig.env == {"NVIDIA_VISIBLE_DEVICES": mig.device.attributes["uuid"]}
+    # No per-device NVIDIA_VISIBLE_DEVICES: the spec-level "void" keeps an nvidia runtime from re-injecting.
+    assert mig.env == {}
+    parent_uuid = mig.device.attributes[PARENT_UUID]
+    assert [h["args"][1:] for h in mig.hooks] == [["apply-cuda-memory-limits", "--driver-root", "/", "--gpu-id",
+                                                   parent_uuid]]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in gpu.common_edits["env"]
+    libcuda = f"/usr/lib64/libcuda.so.{DEFAULT_DRIVER_VERSION}"
+    assert {"hostPath": libcuda, "containerPath": libcuda, "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"]} \
+        in gpu.common_edits["mounts"]
     efa = discover("efa", root, NODE)
     nodes = sorted(n for d in efa.devices for n in d.device_nodes)
     assert len(set(nodes)) == 32 and all(n.startswith("/dev/infiniband/uverbs") for n in nodes)
@@ -223,9 +234,20 @@ def test_real_node_mig_without_nvml_is_not_ready(tmp_path, monkeypatch):
     for f in (root / discovery.FIXTURE_DIR).iterdir():
         f.unlink()
     (root / discovery.FIXTURE_DIR).rmdir()
-    monkeypatch.setattr(discovery, "shared_nvml", lambda: (None, "no libnvidia-ml in this test"))
-    inventory = discover("gpu", root, NODE)
+    # The real loading path: the fixture's libnvidia-ml.so.1 is a code-free ELF that dlopen() refuses.
+    for name, value in (("_shared", None), ("_shared_error", ""), ("_shared_failed_at", 0.0)):
+        monkeypatch.setattr(nvml_module, name, value)
+    host = GpuHost.for_node(root)
+    reports: list[tuple[str, str]] = []
+    host.on_unavailable = lambda tool, message: reports.append((tool, message))
+    inventory = discover("gpu", root, NODE, gpu_host=host)
     assert not inventory.ready and "MIG instances but NVML is unavailable" in inventory.reason
+    library = str(root / "usr/lib64/libnvidia-ml.so.1")
+    assert library in inventory.reason
+    assert reports == [("nvml", f"cannot load {library}: {library}: ELF load command address/offset not "
+                                "page-aligned")]
+    discover("gpu", root, NODE, gpu_host=host)
+    assert len(reports) == 1  # said once
 
 
 def test_nvml_failure_falls_back_to_procfs(tmp_path):

@@ -16,6 +16,7 @@ import yaml
 
 from eks_dra.drivers import discovery, gpu_check, nvml
 from eks_dra.drivers.fixture import write_fixture
+from eks_dra.drivers.gpu import mig as mig_marker
 from eks_dra.drivers.nvml import Nvml, NvmlUnavailable, normalize_bus_id
 
 H100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", pci_id=0x2330)
@@ -242,6 +243,7 @@ def _host_for_simulated_gpus(tmp_path):
 
 def test_gpu_check_prints_the_slice(tmp_path, simulated):
     root = _host_for_simulated_gpus(tmp_path)
+    mig_marker.write_marker(root)  # the simulated NVML has MIG devices: partitioning has finished
     out = io.StringIO()
     # sysfs has 8 GPUs, NVML 2: the check says so and exits 3 (not ready).
     assert gpu_check.check(root, "gpu-box", "gpu.nvidia.com", Nvml(), out=out) == 3

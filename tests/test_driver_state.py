@@ -13,6 +13,7 @@ from drivers.fake_kube import FakeKube
 from drivers.harness import DRIVERS, Node, kubelet_for, make_claim, short_tmp, start_driver
 
 from eks_dra.drivers import configs
+from eks_dra.drivers.gpu.fixture_root import FIXTURE_SMI_LOG
 
 GPU, EFA, NEURON = DRIVERS["gpu"], DRIVERS["efa"], DRIVERS["neuron"]
 
@@ -62,8 +63,14 @@ def ts_config(interval="Long", source="FromClaim", requests=None, driver=GPU, **
     return {"source": source, "requests": requests or [], "opaque": {"driver": driver, "parameters": params}}
 
 
-def test_time_slicing_recorded_and_later_config_wins(p5):
+def _smi_calls(node) -> list[str]:
+    log = node.host / FIXTURE_SMI_LOG
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_time_slicing_runs_the_driver_roots_nvidia_smi_and_later_config_wins(p5):
     kube, node, drivers, kubelets = p5
+    before = len(_smi_calls(node))
     claim, entry = prepare_one(kube, kubelets["gpu"], make_claim(
         GPU, "node-a", ["gpu-0", "gpu-1"], requests=["a", "b"],
         configs=[ts_config("Short", "FromClaim", ["a"]), ts_config("Medium", "FromClass")]))
@@ -73,9 +80,39 @@ def test_time_slicing_recorded_and_later_config_wins(p5):
     assert rec.settings["requested"] == {"gpu-0": {"timeSliceInterval": "Short"},
                                          "gpu-1": {"timeSliceInterval": "Medium"}}
     applied = rec.settings["applied"]
-    assert applied["mode"] == "recorded"  # no nvidia-smi here
+    assert applied["mode"] == "nvidia-smi"  # the fixture driver root's nvidia-smi (records its arguments)
     assert applied["devices"]["gpu-0"]["timeSliceInterval"] == "Short"
+    uuids = [applied["devices"][d]["uuid"] for d in ("gpu-0", "gpu-1")]
+    assert _smi_calls(node)[before:] == [f"compute-policy --set-timeslice=1 -i {uuids[0]}",
+                                         f"compute-policy --set-timeslice=2 -i {uuids[1]}"]
     kubelets["gpu"].unprepare([claim])
+    assert _smi_calls(node)[before + 2:] == [f"compute-policy --set-timeslice=0 -i {u}" for u in uuids]
+
+
+def test_time_slicing_without_a_usable_nvidia_smi_fails_the_claim_naming_the_path(p5):
+    kube, node, drivers, kubelets = p5
+    smi = node.host / "usr/bin/nvidia-smi"
+    saved = smi.read_bytes()
+    smi.unlink()
+    try:
+        claim, entry = prepare_one(kube, kubelets["gpu"], make_claim(GPU, "node-a", ["gpu-2"],
+                                                                     configs=[ts_config("Long")]))
+        assert "not applied" in entry.error and str(node.host / "usr/bin/nvidia-smi") in entry.error
+        assert len(entry.devices) == 0
+        assert not drivers["gpu"].store.load().claims[claim["metadata"]["uid"]].completed
+        assert not (node.cdi / f"k8s.{GPU}-claim_{claim['metadata']['uid']}.json").exists()
+        assert drivers["gpu"].metrics.value("eks_dra_gpu_tool_unavailable_total", tool="nvidia-smi") == 1
+        again, entry = prepare_one(kube, kubelets["gpu"], make_claim(GPU, "node-a", ["gpu-3"], name="again",
+                                                                     configs=[ts_config("Long")]))
+        assert "not applied" in entry.error
+        assert drivers["gpu"].metrics.value("eks_dra_gpu_tool_unavailable_total", tool="nvidia-smi") == 1  # once
+        # a claim without settings needs no nvidia-smi
+        plain, entry = prepare_one(kube, kubelets["gpu"], make_claim(GPU, "node-a", ["gpu-4"], name="plain"))
+        assert entry.error == ""
+        kubelets["gpu"].unprepare([plain, claim, again])
+    finally:
+        smi.write_bytes(saved)
+        smi.chmod(0o755)
 
 
 def test_neuron_lnc_environment(trn2):

@@ -29,7 +29,7 @@ def test_cli_writes_a_tree(tmp_path, capsys):
     assert main(["fixture", "--instance-type", "p5.48xlarge", "--out", str(out), "--node-name", "n-1"]) == 0
     assert "8 GPU, 32 EFA" in capsys.readouterr().out
     host = json.loads((out / discovery.FIXTURE_DIR / "host.json").read_text())
-    assert host == {"instanceType": "p5.48xlarge", "nodeName": "n-1", "migProfile": None}
+    assert host == {"instanceType": "p5.48xlarge", "nodeName": "n-1", "migProfile": None, "os": "al2023"}
     assert (out / discovery.DMI_PRODUCT_NAME).read_text().strip() == "p5.48xlarge"
     assert discover("gpu", out, "n-1").ready
 

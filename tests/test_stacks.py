@@ -218,6 +218,9 @@ def test_bottlerocket_user_data_and_mig_script():
     assert "[settings.kubelet-device-plugins.nvidia]\nenabled = false" in toml
     mig = lts["p4d-mig"]["UserData"]["Fn::Base64"]
     assert "text/x-shellscript" in mig and "nvidia-smi mig -cgi " + ",".join(["1g.5gb"] * 7) + " -C" in mig
+    # last step: the marker the GPU driver waits for before publishing MIG devices (eks_dra/drivers/gpu/mig.py)
+    script = mig.split("--EKSDRA--")[0].rstrip().splitlines()
+    assert script[-1] == "cat /proc/sys/kernel/random/boot_id > /var/lib/eks-dra/mig-partitioned"
     assert "UserData" not in lts["p5-dra"]
 
 

@@ -25,6 +25,7 @@ KUBELET_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 KUBELET_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 CDI_ROOT = "/var/run/cdi"
 HOST_ROOT = "/host"
+CONTAINER_DRIVER_ROOT = "/driver-root"  # where the GPU plugin sees the NVIDIA driver root (as upstream's chart)
 NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
 # A refused write is 403 Forbidden; without a reason the API server answers a failed validation with 422 Invalid.
 DENIED = "Forbidden"
@@ -44,6 +45,9 @@ class DriverSettings:
     # Some of the family's nodes run Bottlerocket, whose enforcing SELinux policy keeps unprivileged
     # containers (container_t) from writing host paths such as the kubelet plugin and registry dirs.
     selinux_enforcing_hosts: bool = False
+    # gpu: the host path the NVIDIA driver is installed under (upstream chart's nvidiaDriverRoot): `/` on the
+    # AL2023 NVIDIA AMI and Bottlerocket, /run/nvidia/driver with the GPU Operator's driver container.
+    nvidia_driver_root: str = "/"
 
     @property
     def name(self) -> str:
@@ -240,6 +244,15 @@ class DriverChart(cdk8s.Chart):
             k8s.EnvVar(name="HEALTH_PORT", value=str(s.health_port)),
             k8s.EnvVar(name="METRICS_PORT", value=str(s.metrics_port)),
         ]
+        if s.family == "gpu":
+            # NVML and nvidia-smi come from the host's driver root by explicit path; "void" keeps an nvidia
+            # runtime from injecting GPUs into the plugin itself (the upstream chart does the same).
+            volumes.append(host_path("driver-root", s.nvidia_driver_root, "Directory"))
+            mounts.append(k8s.VolumeMount(name="driver-root", mount_path=CONTAINER_DRIVER_ROOT, read_only=True,
+                                          mount_propagation="HostToContainer"))
+            env += [k8s.EnvVar(name="NVIDIA_DRIVER_ROOT", value=s.nvidia_driver_root),
+                    k8s.EnvVar(name="CONTAINER_DRIVER_ROOT", value=CONTAINER_DRIVER_ROOT),
+                    k8s.EnvVar(name="NVIDIA_VISIBLE_DEVICES", value="void")]
         container = k8s.Container(
             name="plugin",
             image=s.image,

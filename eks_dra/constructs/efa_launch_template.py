@@ -14,6 +14,7 @@ from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 from eks_dra.catalog import get_instance_type
+from eks_dra.drivers.gpu.mig import MARKER as MIG_MARKER
 
 CAPACITY_KINDS = ("on-demand", "odcr", "capacity-block")
 
@@ -204,6 +205,9 @@ def _mig_script(instance_type: str, profile: str) -> str:
         "nvidia-smi mig -dci || true\n"
         "nvidia-smi mig -dgi || true\n"
         f"nvidia-smi mig -cgi {instances} -C\n"
+        "# The GPU DRA driver publishes MIG devices only once this boot's partitioning has finished.\n"
+        f"mkdir -p /{MIG_MARKER.parent}\n"
+        f"cat /proc/sys/kernel/random/boot_id > /{MIG_MARKER}\n"
     )
 
 

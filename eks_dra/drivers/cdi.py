@@ -3,7 +3,8 @@
 File `<cdi-root>/k8s.<driver>-claim_<claimUID>.json`, kind `k8s.<driver>/claim`, one CDI device per
 prepared device named `<claimUID>-<device>` (the claim UID keeps the runtime's spec cache from ever
 serving a stale entry); the claim-wide edits (common device nodes such as /dev/nvidiactl, the claim
-environment) sit at spec level and apply whenever any of the spec's devices is injected.
+environment, and the family's common edits: for GPUs the driver root's libraries, binaries, firmware and
+hooks, see gpu/cdi_edits.py) sit at spec level and apply whenever any of the spec's devices is injected.
 Fully-qualified ids returned to the kubelet: `k8s.<driver>/claim=<claimUID>-<device>`.
 """
 
@@ -45,6 +46,7 @@ class DeviceEdits:
     device_nodes: list[str] = field(default_factory=list)  # absolute paths on the node
     env: dict[str, str] = field(default_factory=dict)
     mounts: list[dict] = field(default_factory=list)  # {hostPath, containerPath, options}
+    hooks: list[dict] = field(default_factory=list)  # {hookName, path, args, env}
 
 
 def minimum_version(spec: dict) -> str:
@@ -56,29 +58,33 @@ def minimum_version(spec: dict) -> str:
     return "0.6.0" if needs_06 else "0.5.0" if needs_05 else "0.3.0"
 
 
-def _edits(device_nodes: list[str], env: dict[str, str], mounts: list[dict]) -> dict:
+def _edits(device_nodes: list[str], env: dict[str, str], mounts: list[dict], hooks: list[dict] | None = None,
+           base: dict | None = None) -> dict:
+    """CDI containerEdits: `base` (already in CDI form) first, then the given nodes, env, mounts and hooks."""
+    base = base or {}
     out: dict = {}
-    if env:
-        out["env"] = [f"{k}={v}" for k, v in sorted(env.items())]
-    if device_nodes:
-        out["deviceNodes"] = [{"path": p} for p in device_nodes]
-    if mounts:
-        out["mounts"] = mounts
+    env_list = [*base.get("env", []), *(f"{k}={v}" for k, v in sorted(env.items()))]
+    nodes = [*base.get("deviceNodes", []),
+             *({"path": p} for p in device_nodes if {"path": p} not in base.get("deviceNodes", []))]
+    for key, value in (("env", env_list), ("deviceNodes", nodes), ("mounts", [*base.get("mounts", []), *mounts]),
+                       ("hooks", [*base.get("hooks", []), *(hooks or [])])):
+        if value:
+            out[key] = value
     return out
 
 
 def build_spec(driver: str, claim_uid: str, devices: list[DeviceEdits], common_device_nodes: list[str],
-               claim_env: dict[str, str]) -> dict:
+               claim_env: dict[str, str], common_edits: dict | None = None) -> dict:
     if not devices:
         raise ValueError("a CDI spec needs at least one device")
     spec: dict = {
         "cdiVersion": "",
         "kind": f"{vendor(driver)}/{CDI_CLASS}",
-        "devices": [{"name": cdi_device_name(claim_uid, d.name), "containerEdits": _edits(d.device_nodes, d.env,
-                                                                                           d.mounts)}
+        "devices": [{"name": cdi_device_name(claim_uid, d.name),
+                     "containerEdits": _edits(d.device_nodes, d.env, d.mounts, d.hooks)}
                     for d in devices],
     }
-    common = _edits(common_device_nodes, claim_env, [])
+    common = _edits(common_device_nodes, claim_env, [], base=common_edits)
     if common:
         spec["containerEdits"] = common
     spec["cdiVersion"] = minimum_version(spec)

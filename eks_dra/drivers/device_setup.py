@@ -1,23 +1,25 @@
 """Applying per-device settings at prepare time (and undoing them at unprepare).
 
-GPU time-slicing is a property of the physical GPU: on a node with `nvidia-smi` it is set with
-`nvidia-smi compute-policy --set-timeslice=<0..3> -i <uuid>`; elsewhere (fixtures, tests) the setting is
-only recorded. Either way what was applied is returned, stored in the checkpoint and re-applied after a
-reboot (the GPU forgets it). Neuron's logical-core setting is the Neuron runtime's environment
+GPU time-slicing is a property of the physical GPU, set with
+`nvidia-smi compute-policy --set-timeslice=<0..3> -i <uuid>` run from the driver root by explicit path
+(`gpu.host.GpuHost.run_nvidia_smi`). A request that cannot be applied (no usable nvidia-smi, or it fails)
+is the claim's prepare error, naming the path. What was applied is returned, stored in the checkpoint and
+re-applied after a reboot (the GPU forgets it). A runner of None only records the setting: a test double,
+never chosen by `for_node`. Neuron's logical-core setting is the Neuron runtime's environment
 (`NEURON_LOGICAL_NC_CONFIG`, `NEURON_RT_VISIBLE_CORES`), carried in the claim's CDI spec.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
-import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 from eks_dra.devices import gpu as gpu_attrs
 from eks_dra.devices import neuron as neuron_attrs
 
 from .configs import DeviceSettings
+from .gpu.host import GpuHost, GpuToolError
 
 log = logging.getLogger(__name__)
 TIME_SLICE_CODES = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}  # nvidia-smi compute-policy values
@@ -31,22 +33,19 @@ class SetupError(RuntimeError):
     pass
 
 
-def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
-    if proc.returncode != 0:
-        raise SetupError(f"{' '.join(cmd)}: exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[:300]}")
-
-
 class DeviceSetup:
-    """Applies settings for one driver family. `runner` None: record only (no hardware tool present)."""
+    """Applies settings for one driver family. `runner` None: record only (tests)."""
 
     def __init__(self, family: str, runner: Runner | None = None) -> None:
         self.family = family
         self.runner = runner
 
     @classmethod
-    def for_node(cls, family: str) -> DeviceSetup:
-        return cls(family, _run if family == "gpu" and shutil.which("nvidia-smi") else None)
+    def for_node(cls, family: str, gpu_host: GpuHost | None = None) -> DeviceSetup:
+        """The node's setup: GPU settings through the driver root's nvidia-smi (gpu_host, default `/`)."""
+        if family != "gpu":
+            return cls(family)
+        return cls(family, (gpu_host or GpuHost.for_node(Path("/"))).run_nvidia_smi)
 
     def changes_hardware(self, settings) -> bool:
         """Whether apply() would change device state that must be reverted (not just recorded)."""
@@ -74,7 +73,11 @@ class DeviceSetup:
 
     def _set_timeslice(self, uuid: str, interval: str) -> None:
         assert self.runner is not None
-        self.runner(["nvidia-smi", "compute-policy", f"--set-timeslice={TIME_SLICE_CODES[interval]}", "-i", uuid])
+        try:
+            self.runner(["nvidia-smi", "compute-policy", f"--set-timeslice={TIME_SLICE_CODES[interval]}", "-i",
+                         uuid])
+        except GpuToolError as exc:
+            raise SetupError(f"timeSliceInterval {interval} for GPU {uuid} not applied: {exc}") from None
 
     def _apply_gpu(self, devices: list[tuple[object, DeviceSettings]]) -> dict:
         out: dict = {}

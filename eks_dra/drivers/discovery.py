@@ -40,7 +40,11 @@ from eks_dra.devices import efa as efa_model
 from eks_dra.devices import gpu as gpu_model
 from eks_dra.devices import neuron as neuron_model
 
-from .nvml import NvmlBackend, NvmlGpu, shared_nvml
+from .gpu import mig as mig_marker
+from .gpu.cdi_edits import CONTROL_DEVICE_NODES
+from .gpu.driver_root import DriverRootError
+from .gpu.host import GpuHost
+from .nvml import NvmlBackend, NvmlGpu
 
 NVIDIA_VENDOR = 0x10DE
 AMAZON_VENDOR = 0x1D0F
@@ -78,6 +82,7 @@ class DiscoveredDevice:
     # Keys ending in _VISIBLE_DEVICES hold one value per device: join them with "," for a claim.
     env: dict[str, str] = field(default_factory=dict)
     parent: str | None = None  # a MIG device's GPU (its health follows the parent's)
+    hooks: list[dict] = field(default_factory=list)  # per-device CDI hooks (GPU: nvcdi's memory-limits hook)
 
 
 @dataclass
@@ -87,6 +92,7 @@ class Inventory:
     reason: str  # why not ready; a summary when ready
     common_device_nodes: list[str] = field(default_factory=list)  # needed by every device of the family
     problems: list[str] = field(default_factory=list)  # devices skipped and why (also in `reason`)
+    common_edits: dict = field(default_factory=dict)  # spec-level CDI edits of every claim (GPU: driver root)
 
     def by_name(self) -> dict[str, DiscoveredDevice]:
         return {d.device.name: d for d in self.devices}
@@ -359,8 +365,8 @@ def _gpus_from_nvml(nvml: NvmlBackend, by_address: dict[str, PciFunction], probl
     return gpus, migs
 
 
-def _gpus_from_procfs(host_root: Path, pci_gpus: list[PciFunction], problems: list[str],
-                      blockers: list[str]) -> tuple[list[gpu_model.GpuFacts], dict[int, list[MigInstance]]]:
+def _gpus_from_procfs(host_root: Path, pci_gpus: list[PciFunction], problems: list[str], blockers: list[str],
+                      gpu_host: GpuHost) -> tuple[list[gpu_model.GpuFacts], dict[int, list[MigInstance]]]:
     driver_version = parse_nvidia_version(_read(host_root / NVIDIA_VERSION_FILE))
     fixture_migs = _fixture_migs(host_root) if is_fixture(host_root) else {}
     gpus, migs = [], {}
@@ -374,12 +380,13 @@ def _gpus_from_procfs(host_root: Path, pci_gpus: list[PciFunction], problems: li
         if pci.address in fixture_migs:
             migs[facts.minor] = fixture_migs[pci.address]
         elif any((host_root / NVIDIA_CAPS_DIR / f"gpu{facts.minor}" / "mig").glob("gi*")):
-            blockers.append(f"GPU {pci.address} has MIG instances but NVML is unavailable to describe them")
+            blockers.append(f"GPU {pci.address} has MIG instances but NVML is unavailable to describe them "
+                            f"({gpu_host.nvml_error or 'NVML not loaded'})")
     return gpus, migs
 
 
 def _discover_gpu(host_root: Path, it: InstanceType | None, nvml: NvmlBackend | None,
-                  problems: list[str]) -> tuple[Inventory, NvmlBackend | None]:
+                  problems: list[str], gpu_host: GpuHost) -> tuple[Inventory, NvmlBackend | None]:
     """The GPU inventory and the NVML it was read with (None when absent or failed: health skips it too)."""
     pci_gpus = [f for f in list_pci_functions(host_root, NVIDIA_VENDOR, problems)
                 if f.class_code >> 8 in GPU_PCI_CLASSES]
@@ -404,20 +411,33 @@ def _discover_gpu(host_root: Path, it: InstanceType | None, nvml: NvmlBackend | 
             nvml, gpus, migs, blockers = None, [], {}, []
     if nvml is None:
         try:
-            gpus, migs = _gpus_from_procfs(host_root, pci_gpus, problems, blockers)
+            gpus, migs = _gpus_from_procfs(host_root, pci_gpus, problems, blockers, gpu_host)
         except DiscoveryError as exc:
             return Inventory([], False, "; ".join([str(exc), *problems]), problems=problems), None
     if not (host_root / "dev/nvidiactl").exists():
         blockers.append("/dev/nvidiactl missing")
     minors = _mig_minors(host_root)
+    if migs:
+        done, why = mig_marker.partitioned(host_root)
+        if not done:
+            blockers.append(why)
+    common = [p for p in CONTROL_DEVICE_NODES if _dev(host_root, p)]
+    try:  # the driver root's libraries, binaries, firmware and hooks: without them a container gets no CUDA
+        common_edits = gpu_host.common_edits(common)
+    except DriverRootError as exc:
+        blockers.append(str(exc))
+        common_edits = {}
+
+    def hooks(uuid: str) -> list[dict]:
+        return gpu_host.device_hooks(uuid) if common_edits else []
+
     devices: list[DiscoveredDevice] = []
     for g in sorted(gpus, key=lambda f: f.minor):
         node = f"/dev/nvidia{g.minor}"
         if not _dev(host_root, node):
             blockers.append(f"{node} missing")
         if g.minor not in migs:
-            devices.append(DiscoveredDevice(gpu_model.gpu_device(g), device_nodes=[node],
-                                            env={"NVIDIA_VISIBLE_DEVICES": g.uuid}))
+            devices.append(DiscoveredDevice(gpu_model.gpu_device(g), device_nodes=[node], hooks=hooks(g.uuid)))
             continue
         for m, number in number_migs(migs[g.minor]):
             mig = gpu_model.MigFacts(g, m.profile, number, m.uuid, m.memory_mib, m.multiprocessors)
@@ -428,12 +448,10 @@ def _discover_gpu(host_root: Path, it: InstanceType | None, nvml: NvmlBackend | 
                     nodes.append(f"/dev/nvidia-caps/nvidia-cap{minors[cap]}")
                 else:
                     problems.append(f"{cap} not in /{NVIDIA_MIG_MINORS}")
-            devices.append(DiscoveredDevice(gpu_model.mig_device(mig), device_nodes=nodes,
-                                            env={"NVIDIA_VISIBLE_DEVICES": m.uuid},
+            devices.append(DiscoveredDevice(gpu_model.mig_device(mig), device_nodes=nodes, hooks=hooks(g.uuid),
                                             parent=gpu_model.gpu_device_name(g.minor)))
-    common = [p for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools") if _dev(host_root, p)]
     ready, reason = _readiness("GPU", len(gpus), expected, problems, blockers)
-    return Inventory(devices, ready, reason, common, problems), nvml
+    return Inventory(devices, ready, reason, common, problems, common_edits), nvml
 
 
 # --- EFA -----------------------------------------------------------------------------------------
@@ -539,11 +557,12 @@ def _discover_neuron(host_root: Path, it: InstanceType | None, problems: list[st
 # --- entry point ---------------------------------------------------------------------------------
 
 def discover(family: Family, host_root: Path, node_name: str, *, nvml: NvmlBackend | None = None,
-             instance_type: str | None = None) -> Inventory:
+             instance_type: str | None = None, gpu_host: GpuHost | None = None) -> Inventory:
     """Read one device family from a host tree.
 
-    nvml: an NVML backend (tests inject a fake); None loads the real one for the gpu family unless the
-    host tree is a fixture. instance_type: overrides the DMI product name. Never raises for bad host
+    nvml: an NVML backend (tests inject a fake); None loads the real one (libnvidia-ml.so.1 from the driver
+    root) for the gpu family unless the host tree is a fixture. gpu_host: the NVIDIA driver root and CDI
+    hook (default: driver root `/` under host_root). instance_type: overrides the DMI product name. Never raises for bad host
     data: a malformed device is skipped, named in `problems`, and the inventory is not ready.
     node_name is accepted for symmetry with the planner; discovered UUIDs come from the host.
     """
@@ -552,9 +571,10 @@ def discover(family: Family, host_root: Path, node_name: str, *, nvml: NvmlBacke
     it = instance_type_of(host_root, instance_type)
     problems: list[str] = []
     if family == "gpu":
+        gpu_host = gpu_host or GpuHost.for_node(host_root)
         if nvml is None and not is_fixture(host_root):
-            nvml, _ = shared_nvml()
-        inventory, nvml = _discover_gpu(host_root, it, nvml, problems)
+            nvml = gpu_host.nvml()
+        inventory, nvml = _discover_gpu(host_root, it, nvml, problems, gpu_host)
     elif family == "efa":
         inventory = _discover_efa(host_root, it, problems)
     elif family == "neuron":

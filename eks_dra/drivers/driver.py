@@ -27,6 +27,7 @@ from .checkpoint import (
 )
 from .device_setup import DeviceSetup
 from .events import EventRecorder
+from .gpu.host import GpuHost
 from .inventory import HealthSource, InventorySource, InventoryView
 from .kube import ApiError
 from .lock import NodeLock
@@ -68,6 +69,7 @@ class DriverConfig:
     dra_health_stream: bool = False
     lock_timeout_s: float = 30.0
     durable: bool = True  # fsync the checkpoint (tests turn it off for speed)
+    gpu_host: GpuHost | None = None  # the NVIDIA driver root and tools (default: the driver root / under host_root)
 
     @property
     def state_path(self) -> Path:
@@ -100,7 +102,8 @@ class Driver:
         self.cdi = CdiDir(cfg.cdi_root, cfg.driver_name)
         self.state = DeviceState(driver=cfg.driver_name, family=cfg.family, node_name=cfg.node_name, api=api,
                                  inventory=self.inventory, store=self.store, cdi=self.cdi,
-                                 setup=DeviceSetup.for_node(cfg.family), lock=self.lock, metrics=self.metrics,
+                                 setup=DeviceSetup.for_node(cfg.family, self._gpu_host()), lock=self.lock,
+                                 metrics=self.metrics,
                                  events=self.events, host_root=cfg.host_root)
         self.health_stream = HealthStreamServicer(cfg.node_name, self.inventory) if cfg.dra_health_stream else None
         self.servers = PluginServers(driver=cfg.driver_name, state=self.state, registry_dir=cfg.registry_dir,
@@ -120,6 +123,17 @@ class Driver:
         self._liveness = None
         self._metrics_server = None
         self.health_port = -1
+
+    def _gpu_host(self) -> GpuHost | None:
+        if self.cfg.family != "gpu":
+            return None
+        host = self.cfg.gpu_host or GpuHost.for_node(self.cfg.host_root)
+        host.on_unavailable = self._gpu_tool_unavailable
+        return host
+
+    def _gpu_tool_unavailable(self, tool: str, message: str) -> None:
+        self.metrics.gpu_tool_unavailable.labels(self.cfg.driver_name, tool).inc()
+        self.events.warning("GpuToolUnavailable", f"{self.cfg.driver_name}: {message}")
 
     # ----- start-up
     def start(self) -> None:

@@ -23,8 +23,12 @@ Layout (paths under DIR; BDF = PCI address such as 0000:45:00.0):
   neuron: BDF/neuron_device/neuronN/{device,core_count,connected_devices,info/architecture/*,
           stats/hardware/{mem,sram}_ecc_uncorrected/total}, sys/class/neuron_device/neuronN link,
           dev/neuronN, sys/module/neuron/version
-  var/lib/eks-dra/fixture/                        marks a fixture tree (host.json: type, node, MIG profile);
-                                                  discovery never loads the real NVML for such a tree
+  gpu driver root (user space, also --without-driver): the NVIDIA driver's libraries, binaries, firmware,
+          ld cache and nvidia-container-toolkit's hook as the AMI installs them (`--os al2023|bottlerocket`;
+          files and sources in gpu/fixture_root.py); with a MIG profile also var/lib/eks-dra/mig-partitioned
+          (the boot-time partitioning marker, gpu/mig.py; `set_boot_id` rewrites it as the unit would)
+  var/lib/eks-dra/fixture/                        marks a fixture tree (host.json: type, node, MIG profile,
+                                                  OS layout); discovery never loads the real NVML for such a tree
 /dev entries are empty regular files: creating character devices needs root, and discovery and CDI only
 need the paths. Fault and timing helpers (`set_efa_port_state`, `set_neuron_error`, `set_gpu_xid`,
 `remove_devices`, `unload_driver`, `add_devices`, `set_boot_id`) change a written tree in place.
@@ -46,6 +50,8 @@ from eks_dra.devices.neuron import topology_xy
 from eks_dra.errors import UserError
 
 from .discovery import FIXTURE_DIR, FIXTURE_MIG_FILE, FIXTURE_XID_DIR
+from .gpu import mig as mig_marker
+from .gpu.fixture_root import LAYOUTS, write_driver_root
 
 DEFAULT_NODE_NAME = "fixture-node"
 _BRIDGE = (0x1D0F, 0x0200, 0x060400)  # vendor, device, class of the PCIe bridges placed above devices
@@ -281,12 +287,16 @@ _WRITERS = {"gpu": _write_gpu, "efa": _write_efa, "neuron": _write_neuron}
 
 
 def write_fixture(instance_type: str, out: Path | str, node_name: str = DEFAULT_NODE_NAME,
-                  mig_profile: str | None = None, *, without_driver: bool = False) -> Path:
+                  mig_profile: str | None = None, *, without_driver: bool = False, os_layout: str = "al2023") -> Path:
     """Write the host tree of a node of `instance_type` under `out` and return its path.
 
-    without_driver: only the PCI functions (and DMI, boot id), as a node looks before its device drivers
-    load; `add_devices` completes the tree later. Raises UserError for an unknown type or MIG profile.
+    without_driver: only the PCI functions (and DMI, boot id, the GPU driver's user-space files), as a node
+    looks before its device drivers load; `add_devices` completes the tree later. os_layout: where the GPU
+    driver's user-space files go (al2023 or bottlerocket). Raises UserError for an unknown type, MIG
+    profile or layout.
     """
+    if os_layout not in LAYOUTS:
+        raise UserError(f"--os: unknown layout {os_layout!r}; expected one of {', '.join(LAYOUTS)}")
     try:
         facts = node_facts(instance_type, node_name, mig_profile=mig_profile)
     except UnknownInstanceType as exc:
@@ -298,7 +308,7 @@ def write_fixture(instance_type: str, out: Path | str, node_name: str = DEFAULT_
     if root.is_dir() and any(root.iterdir()) and not marker.is_dir():
         raise UserError(f"{root} exists and is not a fixture host tree; choose an empty or new directory")
     _write(marker / "host.json", json.dumps({"instanceType": facts.instance_type.name, "nodeName": node_name,
-                                             "migProfile": mig_profile}, indent=1) + "\n")
+                                             "migProfile": mig_profile, "os": os_layout}, indent=1) + "\n")
     _write(marker / "README", "Fake host tree written by `eks-dra fixture` (eks_dra/drivers/fixture.py).\n"
            "Files in this directory (mig.json, xid/) exist only in fixtures.\n")
     _write(root / "sys/devices/virtual/dmi/id/product_name", f"{facts.instance_type.name}\n")
@@ -307,6 +317,10 @@ def write_fixture(instance_type: str, out: Path | str, node_name: str = DEFAULT_
     _write_platform(root, facts)
     for family in _families(facts):
         _WRITERS[family](root, facts, not without_driver)
+    if facts.gpus:
+        write_driver_root(root, facts.gpus[0].driver_version, os_layout, facts.instance_type.architecture == "arm64")
+    if facts.migs:
+        mig_marker.write_marker(root)
     return root
 
 
@@ -399,6 +413,8 @@ def set_boot_id(root: Path | str, boot_id: str | None = None) -> str:
     """Write the host's boot id (a new random one by default: a simulated reboot) and return it."""
     boot_id = boot_id or str(uuid.uuid4())
     _write(Path(root) / "proc/sys/kernel/random/boot_id", boot_id + "\n")
+    if (Path(root) / mig_marker.MARKER).exists():  # the boot-time MIG unit runs again in the new boot
+        mig_marker.write_marker(Path(root))
     return boot_id
 
 
@@ -412,11 +428,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mig-profile", help="split every GPU into this MIG profile (static MIG)")
     parser.add_argument("--without-driver", action="store_true",
                         help="write only the PCI functions, as a node looks before its device drivers load")
+    parser.add_argument("--os", dest="os_layout", choices=LAYOUTS, default="al2023",
+                        help="GPU driver root layout: the AL2023 NVIDIA AMI's (default) or Bottlerocket's")
 
 
 def run(args: argparse.Namespace) -> int:
     root = write_fixture(args.instance_type, args.out, args.node_name, args.mig_profile,
-                         without_driver=args.without_driver)
+                         without_driver=args.without_driver, os_layout=args.os_layout)
     facts = _facts(root)
     counts = ", ".join(f"{len(v)} {k}" for k, v in
                        (("GPU", facts.gpus), ("MIG", facts.migs), ("EFA", facts.efas), ("Neuron", facts.neurons))

@@ -1,14 +1,18 @@
 """`python -m eks_dra.drivers.gpu_check` (`make gpu-check`): GPU discovery on the real host, read-only.
 
-Prints what sysfs and NVML each report about the NVIDIA GPUs, the inventory's readiness and health, and
-the ResourceSlice(s) the gpu driver would publish, as YAML. Needs no Kubernetes API and writes nothing;
-needs only nvidia-ml-py, PyYAML and this package. Exit codes: 0 ready, 1 no NVIDIA GPU or no NVML,
-3 GPUs found but the inventory is not ready (the reason is printed).
+Prints what sysfs and NVML (libnvidia-ml.so.1 loaded from the driver root by explicit path, as the plugin
+does) each report about the NVIDIA GPUs, the inventory's readiness and health, the CDI edits from the
+driver root and their comparison with NVIDIA's own generator (nvidia-container-toolkit's pkg/nvcdi with
+the real NVML, built by tests/nvidia_ctk/build.sh; skipped with a line when Go is missing), and the
+ResourceSlice(s) the gpu driver would publish, as YAML. Needs no Kubernetes API and writes nothing but
+the reference's build cache. Exit codes: 0 ready and equivalent, 1 no NVIDIA GPU or no NVML, 3 GPUs
+found but the inventory is not ready (the reason is printed), 4 our CDI edits differ from nvcdi's.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -17,7 +21,9 @@ from typing import TextIO
 from eks_dra.devices import DEFAULT_DRIVER_NAMES, resource_slices
 
 from . import discovery
-from .nvml import NvmlBackend, NvmlUnavailable
+from .gpu import equivalence
+from .gpu.host import GpuHost
+from .nvml import NvmlBackend
 
 
 def _sysfs_table(host_root: Path, problems: list[str]) -> list[discovery.PciFunction]:
@@ -26,7 +32,8 @@ def _sysfs_table(host_root: Path, problems: list[str]) -> list[discovery.PciFunc
 
 
 def check(host_root: Path, node_name: str, driver: str, nvml: NvmlBackend | None,
-          out: TextIO = sys.stdout) -> int:
+          out: TextIO = sys.stdout, gpu_host: GpuHost | None = None, reference: Path | None = None) -> int:
+    """reference: the nvcdi-fixture binary to compare the CDI edits with (None: no comparison)."""
     import yaml
 
     problems: list[str] = []
@@ -67,15 +74,32 @@ def check(host_root: Path, node_name: str, driver: str, nvml: NvmlBackend | None
         print(f"# MISMATCH: {a} is on the PCI bus but NVML does not report it", file=out)
     for a in sorted(only_nvml):
         print(f"# MISMATCH: NVML reports {a} but sysfs has no such PCI function", file=out)
-    inventory = discovery.discover("gpu", host_root, node_name, nvml=nvml)
+    gpu_host = gpu_host or GpuHost.for_node(host_root)
+    inventory = discovery.discover("gpu", host_root, node_name, nvml=nvml, gpu_host=gpu_host)
     print(f"# inventory: ready={inventory.ready} ({inventory.reason})", file=out)
     print(f"# common device nodes: {', '.join(inventory.common_device_nodes) or 'none'}", file=out)
     for d in inventory.devices:
         state = "healthy" if d.healthy else f"UNHEALTHY: {d.health_reason}"
         print(f"#   {d.device.name}: {state}; nodes {' '.join(d.device_nodes)}", file=out)
+    edits = inventory.common_edits
+    print(f"# driver root {gpu_host.driver_root.path} (host {gpu_host.driver_root.host_path}): "
+          f"{len(edits.get('mounts', []))} mounts, {len(edits.get('hooks', []))} hooks, env {edits.get('env', [])}",
+          file=out)
+    for m in edits.get("mounts", []):
+        print(f"#   mount {m['hostPath']} -> {m['containerPath']}", file=out)
+    differ = False
+    if reference is not None and gpus and edits:
+        request = {"driverRoot": str(gpu_host.driver_root.path), "hookPath": gpu_host.hook(),
+                   "driverVersion": nvml.driver_version(), "gpus": equivalence.gpus_from_nvml(gpus),
+                   "realNvmlLibrary": str(gpu_host.driver_root.nvml_library())}
+        lines = equivalence.compare(inventory, equivalence.run_reference(reference, request))
+        print(f"# nvidia-ctk equivalence (pkg/nvcdi, real NVML): {'EQUAL' if not lines else 'DIFFERENT'}", file=out)
+        for line in lines:
+            print(f"#   {line}", file=out)
+        differ = bool(lines)
     published = [d.device for d in inventory.devices if d.healthy]
     yaml.safe_dump_all(resource_slices(driver, node_name, published), out, sort_keys=False)
-    return 0 if inventory.ready else 3
+    return 3 if not inventory.ready else 4 if differ else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,15 +107,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-root", type=Path, default=Path("/"))
     parser.add_argument("--node-name", default=socket.gethostname())
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAMES.gpu)
+    parser.add_argument("--driver-root", default="/", help="host path of the NVIDIA driver root (default /)")
+    parser.add_argument("--nvidia-cdi-hook-path", help="host path of nvidia-cdi-hook (default: searched)")
+    parser.add_argument("--no-reference", action="store_true", help="skip the nvidia-ctk (pkg/nvcdi) comparison")
     args = parser.parse_args(argv)
-    try:
-        from .nvml import Nvml
-
-        nvml: NvmlBackend | None = Nvml()
-    except NvmlUnavailable as exc:
-        print(f"# NVML unavailable: {exc}", file=sys.stderr)
-        nvml = None
-    return check(args.host_root, args.node_name, args.driver_name, nvml)
+    gpu_host = GpuHost.for_node(args.host_root, args.driver_root, hook_path=args.nvidia_cdi_hook_path)
+    nvml: NvmlBackend | None = gpu_host.nvml()
+    if nvml is None:
+        print(f"# NVML unavailable: {gpu_host.nvml_error}", file=sys.stderr)
+    reference = None
+    if not args.no_reference and nvml is not None:
+        if shutil.which("go") is None:
+            print("# nvidia-ctk equivalence SKIPPED: Go toolchain not found on PATH (tests/nvidia_ctk/build.sh "
+                  "needs Go >= 1.24 and a C compiler)", file=sys.stderr)
+        else:
+            reference = equivalence.build_reference()
+    return check(args.host_root, args.node_name, args.driver_name, nvml, gpu_host=gpu_host, reference=reference)
 
 
 if __name__ == "__main__":

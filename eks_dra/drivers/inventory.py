@@ -38,6 +38,7 @@ class InventoryView:
         self.ready = False
         self.reason = "not discovered yet"
         self.common_device_nodes: list[str] = []
+        self.common_edits: dict = {}  # spec-level CDI edits of the family (GPU: the driver root's files, hooks)
         self.devices: dict[str, Any] = {}  # name -> DiscoveredDevice
         self.health: dict[str, tuple[bool, str]] = {}  # name -> (effective healthy, reason)
         self.polls = 0
@@ -63,6 +64,7 @@ class InventoryView:
             old_health = self.health
             self.ready, self.reason = bool(inv.ready), inv.reason or ""
             self.common_device_nodes = list(inv.common_device_nodes or [])
+            self.common_edits = dict(inv.common_edits or {})
             self.devices, self.health = devices, health
             self.polls += 1
             changed = before != (self.ready, self._published_api())

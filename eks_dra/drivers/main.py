@@ -58,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between full ResourceSlice resyncs (default 30)")
     p.add_argument("--dra-health", action="store_true", default=_env("DRA_HEALTH") in ("1", "true"),
                    help="serve and advertise v1alpha1.DRAResourceHealth (kubelet gate ResourceHealthStatus)")
+    p.add_argument("--driver-root", default=_env("NVIDIA_DRIVER_ROOT", "/"),
+                   help="gpu: the host path the NVIDIA driver is installed under (env NVIDIA_DRIVER_ROOT; default /, "
+                        "as the upstream chart's nvidiaDriverRoot)")
+    p.add_argument("--container-driver-root", type=Path, default=_env("CONTAINER_DRIVER_ROOT"),
+                   help="gpu: where this process sees the driver root (env CONTAINER_DRIVER_ROOT; default "
+                        "<host-root>/<driver-root>)")
+    p.add_argument("--nvidia-cdi-hook-path", default=_env("NVIDIA_CDI_HOOK_PATH"),
+                   help="gpu: host path of nvidia-container-toolkit's nvidia-cdi-hook named in CDI specs "
+                        "(default: the first of /usr/bin, /usr/local/bin, /usr/local/nvidia/toolkit on the host)")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), choices=("debug", "info", "warning", "error"))
     return p
 
@@ -77,6 +86,15 @@ def config_from_args(args: argparse.Namespace):
     for name in ("reconcile_interval", "rediscover_interval", "resync_interval"):
         if getattr(args, name) <= 0:
             raise BadArguments(f"--{name.replace('_', '-')} must be positive")
+    if not str(args.driver_root).startswith("/"):
+        raise BadArguments(f"--driver-root {args.driver_root!r} must be an absolute host path (e.g. / or "
+                           "/run/nvidia/driver)")
+    gpu_host = None
+    if args.family == "gpu":
+        from .gpu.host import GpuHost
+
+        gpu_host = GpuHost.for_node(args.host_root, args.driver_root, args.container_driver_root,
+                                    args.nvidia_cdi_hook_path)
     driver_name = args.driver_name or DEFAULT_DRIVER_NAMES[args.family]
     health_port = DEFAULT_HEALTH_PORTS[args.family] if args.health_port is None else int(args.health_port)
     metrics_port = DEFAULT_METRICS_PORTS[args.family] if args.metrics_port is None else int(args.metrics_port)
@@ -87,7 +105,7 @@ def config_from_args(args: argparse.Namespace):
         pod_uid=args.pod_uid or None, health_port=health_port, health_address=args.health_address,
         metrics_port=metrics_port, reconcile_interval_s=args.reconcile_interval,
         health_interval_s=args.health_interval, rediscover_interval_s=args.rediscover_interval,
-        resync_interval_s=args.resync_interval, dra_health_stream=args.dra_health)
+        resync_interval_s=args.resync_interval, dra_health_stream=args.dra_health, gpu_host=gpu_host)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     monitor = HealthMonitor(cfg.family, cfg.host_root)
 
     def inventory_source():
-        return discover(cfg.family, cfg.host_root, cfg.node_name)
+        return discover(cfg.family, cfg.host_root, cfg.node_name, gpu_host=cfg.gpu_host)
 
     def health_source(fresh_inventory):
         if fresh_inventory is not None:

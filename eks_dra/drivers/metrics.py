@@ -14,6 +14,7 @@
     eks_dra_orphans_cleaned_total{driver,kind}      orphans removed (kind claim|cdi_spec)
     eks_dra_checkpoint_corrupt_total{driver}        corrupt checkpoints moved aside
     eks_dra_cdi_specs_rewritten_total{driver}       CDI specs rewritten (reboot, wiped /var/run/cdi)
+    eks_dra_gpu_tool_unavailable_total{driver,tool} NVIDIA tools found unusable (tool nvml|nvidia-smi), once per outage
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class DriverMetrics:
         self.checkpoint_corrupt = Counter("eks_dra_checkpoint_corrupt", "Corrupt checkpoints moved aside", d,
                                           registry=r)
         self.cdi_rewritten = Counter("eks_dra_cdi_specs_rewritten", "CDI specs rewritten", d, registry=r)
+        self.gpu_tool_unavailable = Counter("eks_dra_gpu_tool_unavailable", "NVIDIA tools found unusable",
+                                            d + ("tool",), registry=r)
         self.driver = driver
 
     def value(self, name: str, **labels: str) -> float:

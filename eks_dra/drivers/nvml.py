@@ -1,15 +1,17 @@
 """NVML behind a small interface: what GPU discovery and GPU health need, as plain records.
 
 The real backend (`Nvml`) wraps `pynvml` (the nvidia-ml-py package) and loads libnvidia-ml.so.1 from the
-host. Tests inject any object with the same methods (`NvmlBackend`); the fake lives in tests only.
+host's driver root by explicit path (the plugin image has no NVIDIA library on its search path). Tests inject any object with the same methods (`NvmlBackend`); the fake lives in tests only.
 pynvml is imported lazily so that a node or a test machine without it still imports this module.
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 # NVML architecture enum -> the names the catalog and the NVIDIA DRA driver publish.
@@ -90,16 +92,24 @@ def _text(value: bytes | str) -> str:
 class Nvml:
     """The real NVML through pynvml. Call `open()`; one instance per process is enough (see `shared_nvml`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, library: Path | None = None) -> None:
+        """library: libnvidia-ml.so.1 by explicit path (the driver root's), else the loader's search path."""
         try:
             import pynvml
         except ImportError as exc:
             raise NvmlUnavailable("the nvidia-ml-py package (pynvml) is not installed") from exc
         self._n = pynvml
+        where = str(library) if library is not None else "libnvidia-ml.so.1 (loader search path)"
+        if library is not None and pynvml.nvmlLib is None:
+            # pynvml dlopens "libnvidia-ml.so.1" by name unless its module-level handle is already set.
+            try:
+                pynvml.nvmlLib = ctypes.CDLL(str(library))
+            except OSError as exc:
+                raise NvmlUnavailable(f"cannot load {library}: {exc}") from exc
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
-            raise NvmlUnavailable(f"nvmlInit failed: {exc} (is libnvidia-ml.so.1 present and the driver loaded?)") \
+            raise NvmlUnavailable(f"nvmlInit failed ({where}): {exc} (is the NVIDIA kernel driver loaded?)") \
                 from exc
         self._lock = threading.Lock()
         self._event_set = None
@@ -245,14 +255,14 @@ _shared_failed_at = 0.0
 _shared_lock = threading.Lock()
 
 
-def shared_nvml() -> tuple[Nvml | None, str]:
-    """The process's NVML (initialised once), or (None, why not)."""
+def shared_nvml(library: Path | None = None) -> tuple[Nvml | None, str]:
+    """The process's NVML (initialised once, from `library` when given), or (None, why not)."""
     global _shared, _shared_error, _shared_failed_at
     with _shared_lock:
         retry = not _shared_error or time.monotonic() - _shared_failed_at >= RETRY_AFTER_S
         if _shared is None and retry:
             try:
-                _shared = Nvml()
+                _shared = Nvml(library)
                 _shared_error = ""
             except NvmlUnavailable as exc:
                 _shared_error, _shared_failed_at = str(exc), time.monotonic()

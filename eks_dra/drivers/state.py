@@ -230,11 +230,13 @@ class DeviceState:
                     visible.setdefault(key, []).append(value)
                 else:
                     device_env[key] = value
-            edits.append(cdi_mod.DeviceEdits(d.device_name, list(discovered.device_nodes), device_env))
+            edits.append(cdi_mod.DeviceEdits(d.device_name, list(discovered.device_nodes), device_env,
+                                             hooks=list(discovered.hooks)))
         env, applied = self.setup.apply(pairs)
         env = {**{k: ",".join(v) for k, v in visible.items()}, **env}
         rec.settings["applied"] = applied
-        spec = cdi_mod.build_spec(self.driver, rec.uid, edits, list(self.inventory.common_device_nodes), env)
+        spec = cdi_mod.build_spec(self.driver, rec.uid, edits, list(self.inventory.common_device_nodes), env,
+                                  self.inventory.common_edits)
         self.cdi.write(rec.uid, spec)
         rec.cdi_spec = self.cdi.path(rec.uid).name
 

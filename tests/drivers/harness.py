@@ -35,11 +35,11 @@ class Node:
     """One simulated node: a fixture host tree and the kubelet's directories."""
 
     def __init__(self, base: Path, instance_type: str, name: str, mig_profile: str | None = None,
-                 without_driver: bool = False) -> None:
+                 without_driver: bool = False, os_layout: str = "al2023") -> None:
         self.name = name
         self.base = base
         self.host = fixture.write_fixture(instance_type, base / "host", name, mig_profile,
-                                          without_driver=without_driver)
+                                          without_driver=without_driver, os_layout=os_layout)
         self.plugins = base / "plugins"
         self.registry = base / "registry"
         self.cdi = base / "cdi"

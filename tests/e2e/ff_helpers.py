@@ -131,16 +131,6 @@ def claim_template(api: client.ApiClient, ns: str, name: str, device_class: str,
     return name
 
 
-def fake_nvidia_smi(directory: Path) -> Path:
-    """An `nvidia-smi` on PATH that appends its arguments to calls.log: the host tool the GPU driver runs to
-    set time-slicing, whose calls are the observable effect on a node without GPUs."""
-    directory.mkdir(parents=True, exist_ok=True)
-    tool = directory / "nvidia-smi"
-    tool.write_text(f"#!/bin/sh\necho \"$*\" >> {directory / 'calls.log'}\n")
-    tool.chmod(0o755)
-    return directory / "calls.log"
-
-
 def create_pod(api: client.ApiClient, ns: str, name: str, node: str, template: str) -> None:
     client.CoreV1Api(api).create_namespaced_pod(ns, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},

@@ -311,7 +311,7 @@ def test_scheduler_allocates_samples_and_drivers_prepare_them(dev, samples):
     assert Counter(r["request"] for r in results) == {"neurons": 4, "efas": 4}
     assert {r["pool"] for r in results} == {"dev-trn2-0"}
 
-    # Opaque configuration: the time-slicing interval recorded for the GPU (no nvidia-smi here) ...
+    # Opaque configuration: the time-slicing interval applied to the GPU (the fixture driver root's nvidia-smi) ...
     sliced = claim_of(dev, "time-sliced-a")
     node = dev.nodes[sliced["status"]["allocation"]["devices"]["results"][0]["pool"]]
     record = node.drivers["gpu"].checkpoint_claims()[sliced["metadata"]["uid"]]

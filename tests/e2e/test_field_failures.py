@@ -8,7 +8,6 @@ tier and printed as FIGURE lines; EKS_DRA_FF_FULL=1 runs the issue's counts (ben
 from __future__ import annotations
 
 import json
-import os
 import random
 import threading
 import time
@@ -27,7 +26,6 @@ from ff_helpers import (
     device_names,
     ensure_device_class,
     ensure_driver_rbac,
-    fake_nvidia_smi,
     make_namespace,
     node_events,
     percentiles,
@@ -46,6 +44,7 @@ from kubernetes import client, config
 
 from eks_dra.drivers import fixture
 from eks_dra.drivers.checkpoint import CheckpointStore, encode
+from eks_dra.drivers.gpu.fixture_root import FIXTURE_SMI_LOG
 
 pytestmark = pytest.mark.e2e
 GPU, EFA, NEURON = DRIVERS["gpu"], DRIVERS["efa"], DRIVERS["neuron"]
@@ -362,9 +361,8 @@ def test_reboot_new_boot_id_and_empty_cdi_dir_reapplies_every_prepared_claim(api
 def test_reboot_reapplies_gpu_time_slicing(api, nodes):
     """Device settings are re-applied after a reboot (the GPU forgets its compute policy), not trusted."""
     node = nodes.node("ff-ts", "p5.48xlarge")
-    calls = fake_nvidia_smi(node.root / "bin")
-    env = {"PATH": f"{calls.parent}:{os.environ['PATH']}"}
-    drv = node.start_driver("gpu", env=env)
+    calls = node.host / FIXTURE_SMI_LOG  # the fixture driver root's nvidia-smi appends its arguments here
+    drv = node.start_driver("gpu")
     wait_registered(node, drv)
     wait_devices(api, node, drv, 8)
     ns = make_namespace(api, "ff-ts")
@@ -385,7 +383,7 @@ def test_reboot_reapplies_gpu_time_slicing(api, nodes):
         path.unlink()
     node.kubelet.start()
     t0 = time.monotonic()
-    node.start_driver("gpu", env=env)
+    node.start_driver("gpu")
     wait_until(lambda: calls.read_text().splitlines() == [applied, applied], 60, interval=0.1,
                what="time-slicing re-applied after the reboot")
     record_figure("reboot-time-slicing", reapplied_s=round(time.monotonic() - t0, 3))
