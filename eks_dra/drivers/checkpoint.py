@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .fsutil import atomic_write
+from . import crashpoints
+from .fsutil import atomic_write, fsync_dir
 
 CHECKPOINT_FILE_NAME = "checkpoint.json"
 CURRENT_VERSION = 2
@@ -72,14 +73,20 @@ class ClaimRecord:
     devices: list[PreparedDevice] = field(default_factory=list)
     cdi_spec: str = ""
     settings: dict = field(default_factory=dict)  # device settings applied (time-slicing, Neuron LNC, ...)
+    # Rebuilt from a CDI spec after a corrupt checkpoint: devices and CDI ids known, request names, settings,
+    # namespace and name not yet filled in from the API claim. Never answered to the kubelet in this state.
+    incomplete: bool = False
 
     @property
     def completed(self) -> bool:
         return self.state == PREPARE_COMPLETED
 
     def to_json(self) -> dict:
-        return {"namespace": self.namespace, "name": self.name, "state": self.state,
-                "devices": [d.to_json() for d in self.devices], "cdiSpec": self.cdi_spec, "settings": self.settings}
+        out = {"namespace": self.namespace, "name": self.name, "state": self.state,
+               "devices": [d.to_json() for d in self.devices], "cdiSpec": self.cdi_spec, "settings": self.settings}
+        if self.incomplete:  # only then: a complete record stays byte-identical to what version 2 always wrote
+            out["incomplete"] = True
+        return out
 
     @classmethod
     def from_json(cls, uid: str, obj: dict) -> ClaimRecord:
@@ -88,7 +95,7 @@ class ClaimRecord:
             raise ValueError(f"claim {uid}: unknown state {state!r}")
         return cls(uid, str(obj.get("namespace", "")), str(obj.get("name", "")), state,
                    [PreparedDevice.from_json(d) for d in obj.get("devices") or []],
-                   str(obj.get("cdiSpec", "")), dict(obj.get("settings") or {}))
+                   str(obj.get("cdiSpec", "")), dict(obj.get("settings") or {}), obj.get("incomplete") is True)
 
     def ref(self) -> str:
         return f"{self.namespace}/{self.name} ({self.uid})"
@@ -189,9 +196,36 @@ class CheckpointStore:
             raise
         self._cache = (raw, cp)
 
-    def quarantine(self) -> Path:
-        """Move a corrupt file aside for inspection (never silently discarded) and forget it."""
-        target = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
-        os.replace(self.path, target)
-        self._cache = None
+    def replace_corrupt(self, rebuilt: Checkpoint) -> Path:
+        """Keep the corrupt file for inspection and replace it with `rebuilt`, crash-safely (caller holds the lock).
+
+        The corrupt bytes get a second name (a hard link, or a copy where links are refused) before the rebuilt
+        checkpoint is renamed over the original name: at every instant `checkpoint.json` is the old file or the
+        new one, never missing, so a crash in between repeats the recovery instead of looking like a first start.
+        """
+        target = self._preserve()
+        crashpoints.reached("recovery.preserved")
+        self.save(rebuilt)
         return target
+
+    def _preserve(self) -> Path:
+        st = os.stat(self.path)
+        for existing in self.path.parent.glob(f"{self.path.name}.corrupt-*"):
+            other = os.stat(existing)
+            if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+                return existing  # a recovery that crashed after this step: the bytes are already kept
+        target = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+        try:
+            os.link(self.path, target)
+            fsync_dir(self.path.parent)
+        except OSError:  # a file system without hard links: a durable copy
+            atomic_write(target, self.path.read_bytes(), 0o600)
+        return target
+
+    def remove_stale_temporaries(self) -> int:
+        """Temporary files of a checkpoint write that a crash interrupted (caller holds the lock)."""
+        removed = 0
+        for path in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+            path.unlink(missing_ok=True)
+            removed += 1
+        return removed

@@ -1,6 +1,6 @@
 """One DRA driver process: the parts of this package put together, started and stopped in order.
 
-Start: checkpoint (corrupt -> moved aside + Warning Event + rebuilt; newer format -> refuse and exit 3),
+Start: checkpoint (corrupt or lost -> kept aside + Warning Event + rebuilt; newer format -> refuse, exit 3),
 first discovery, gRPC servers (DRA socket, then registration), liveness and metrics endpoints, then the
 background loops: inventory/health poll (every `health_interval_s` <= 2 s), slice publisher, reconciler.
 Stop (SIGTERM): stop the loops, drain the gRPC servers, remove our own sockets. Slices, the readiness
@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import crashpoints
 from .cdi import CdiDir
 from .checkpoint import (
     PREPARE_COMPLETED,
@@ -36,7 +37,7 @@ from .publisher import SlicePublisher
 from .readiness import ReadinessTaint
 from .reconciler import Reconciler
 from .safety import device_plugin_conflict
-from .state import ClaimError, ClaimRef, DeviceState
+from .state import ClaimRef, DeviceState
 
 log = logging.getLogger(__name__)
 BOOT_ID = Path("proc/sys/kernel/random/boot_id")
@@ -123,7 +124,6 @@ class Driver:
 
     # ----- start-up
     def start(self) -> None:
-        self.cdi.remove_stale_temporaries()
         self._load_checkpoint()
         try:
             self._poll_inventory(rediscover=True)
@@ -149,6 +149,9 @@ class Driver:
     def _load_checkpoint(self) -> None:
         boot_id = read_boot_id(self.cfg.host_root)
         with self.lock.held():
+            # Under the lock: during a rolling update the other plugin pod may be in the middle of a write.
+            self.store.remove_stale_temporaries()
+            self.cdi.remove_stale_temporaries()
             try:
                 cp = self.store.load()
             except CheckpointTooNew as exc:
@@ -156,7 +159,12 @@ class Driver:
                 self.events.flush(3)
                 raise FatalError(str(exc)) from None
             except CheckpointCorrupt as exc:
-                self._quarantine(exc, boot_id)
+                self._recover(exc, boot_id)
+                return
+            if cp.version_read == 0 and self.cdi.claim_uids():
+                # Claim specs but no checkpoint: the file was lost (deleted, or an older driver crashed in the
+                # middle of its recovery), never a first start: the specs' claims are still prepared.
+                self._recover(None, boot_id)
                 return
             if cp.version_read == 0:  # first start on this node
                 cp.boot_id = boot_id
@@ -170,15 +178,28 @@ class Driver:
                     self.store.save(cp)
             elif cp.version_read < 2:
                 self.store.save(cp)  # upgrade the file format in place
+            # A recovery that crashed before every rebuilt record was completed: finish it.
+            self._pending_rebuild = any(rec.incomplete for rec in cp.claims.values())
         self.metrics.prepared_claims.labels(self.cfg.driver_name).set(len(cp.claims))
 
-    def _quarantine(self, exc: CheckpointCorrupt, boot_id: str) -> None:
-        """Move a corrupt checkpoint aside (caller holds the lock) and start the rebuild."""
-        moved = self.store.quarantine()
-        self.metrics.checkpoint_corrupt.labels(self.cfg.driver_name).inc()
+    def _recover(self, exc: CheckpointCorrupt | None, boot_id: str) -> None:
+        """Rebuild the checkpoint from the CDI specs (caller holds the lock); the API fills in the rest later.
+
+        `exc` None: the checkpoint is missing. Each step leaves a state from which a restart recovers again:
+        the corrupt file stays in place until the rebuilt one atomically replaces it (kept under a second name).
+        """
         cp = self._rebuild_from_cdi(boot_id)
-        self.events.warning("CheckpointCorrupt", f"{self.cfg.driver_name}: {exc}; moved aside to {moved}; state "
-                                                 f"rebuilt from {len(cp.claims)} CDI specs and the API")
+        rebuilt = f"state rebuilt from {len(cp.claims)} CDI specs and the API"
+        if exc is None:
+            self.store.save(cp)
+            self.events.warning("CheckpointLost", f"{self.cfg.driver_name}: {self.store.path} is missing but "
+                                                  f"{len(cp.claims)} claim CDI specs exist; {rebuilt}")
+        else:
+            kept = self.store.replace_corrupt(cp)
+            self.metrics.checkpoint_corrupt.labels(self.cfg.driver_name).inc()
+            self.events.warning("CheckpointCorrupt", f"{self.cfg.driver_name}: {exc}; moved aside to {kept}; "
+                                                     f"{rebuilt}")
+        crashpoints.reached("recovery.replaced")
         self._pending_rebuild = True
 
     def _recover_if_corrupt(self) -> None:
@@ -188,10 +209,14 @@ class Driver:
             try:
                 self.store.load()
             except CheckpointCorrupt as exc:
-                self._quarantine(exc, read_boot_id(self.cfg.host_root))
+                self._recover(exc, read_boot_id(self.cfg.host_root))
 
     def _rebuild_from_cdi(self, boot_id: str) -> Checkpoint:
-        """Records for the claim specs in the CDI directory (names filled in from the API later)."""
+        """Incomplete records for the claim specs in the CDI directory: devices and CDI ids, nothing else yet.
+
+        Their devices stay reserved from this moment; request names, settings, namespace and name come from the
+        API claim (reconciler pass, or the claim's next prepare, which answers only once that is done).
+        """
         cp = Checkpoint(boot_id=boot_id)
         for uid in sorted(self.cdi.claim_uids()):
             spec = self.cdi.read(uid) or {}
@@ -202,8 +227,8 @@ class Driver:
                     device = name[len(uid) + 1:]
                     devices.append(PreparedDevice([], self.cfg.node_name, device,
                                                   [f"{spec.get('kind')}={name}"]))
-            cp.claims[uid] = ClaimRecord(uid, "", "", PREPARE_COMPLETED, devices, self.cdi.path(uid).name, {})
-        self.store.save(cp)
+            cp.claims[uid] = ClaimRecord(uid, "", "", PREPARE_COMPLETED, devices, self.cdi.path(uid).name, {},
+                                         incomplete=True)
         return cp
 
     def _repair_after_start(self) -> None:
@@ -224,28 +249,32 @@ class Driver:
                 log.warning("rebuild from the API postponed", extra={"error": str(exc)})
 
     def _rebuild_from_api(self) -> None:
-        """Claims the API shows allocated here, in use, and missing from the rebuilt checkpoint: prepare them."""
+        """After a lost checkpoint: complete the records rebuilt from CDI specs and reserve the devices of claims
+        the API shows allocated here and in use that have neither a record nor a spec.
+
+        Those are not prepared again: without a spec the kubelet either released the claim already (its pod
+        ended; `reservedFor` lags behind) or never got "prepared" back, and in both cases only the kubelet knows;
+        it retries a prepare it still needs (and re-prepares everything after its own restart). The reservation
+        keeps a forged or racing allocation of the same devices out until then, costs nothing (the scheduler
+        does not hand out allocated devices) and goes with the claim's deallocation at the next reconcile pass.
+        """
         claims = self.api.list_claims()
-        rebuilt = 0
-        known = set(self.store.load().claims)
-        for claim in claims:
-            meta = claim.get("metadata") or {}
-            status = claim.get("status") or {}
-            results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-            mine = [r for r in results if r.get("driver") == self.cfg.driver_name and r.get("pool") == self.cfg.node_name]
-            if not mine or not status.get("reservedFor") or meta.get("uid") in known:
-                continue
-            ref = ClaimRef(meta.get("namespace", ""), meta.get("uid", ""), meta.get("name", ""))
-            try:
-                planned = self.state.plan(ref, claim)
-                with self.lock.held():
-                    self.state.commit(ref, planned)
-                rebuilt += 1
-            except ClaimError as exc:
-                log.warning("could not rebuild claim", extra={"claim": ref.uid, "error": str(exc)})
-        self.reconciler.run_once()  # names the records rebuilt from CDI specs, drops orphans
+        reserved = 0
+        with self.lock.held():
+            cp = self.store.load()
+            for claim in claims:
+                meta = claim.get("metadata") or {}
+                if not (claim.get("status") or {}).get("reservedFor") or meta.get("uid") in cp.claims:
+                    continue
+                ref = ClaimRef(meta.get("namespace", ""), meta.get("uid", ""), meta.get("name", ""))
+                if self.state.reserve(cp, ref, claim):
+                    self.store.save(cp)
+                    crashpoints.reached("recovery.reserved")
+                    reserved += 1
+        counts = self.reconciler.run_once()  # completes the records rebuilt from CDI specs, drops orphans
         self.events.normal("StateRebuilt", f"{self.cfg.driver_name}: {len(self.store.load().claims)} prepared "
-                                           f"claims after rebuild ({rebuilt} from the API)")
+                                           f"claims after rebuild ({counts['completed']} completed from the API, "
+                                           f"{reserved} claims without a CDI spec reserved)")
 
     # ----- loops
     def _poll_inventory(self, rediscover: bool) -> None:
