@@ -55,21 +55,6 @@ class Reconciler:
             except Exception:  # noqa: BLE001 - the loop must survive anything
                 log.exception("reconcile pass failed")
 
-    def _orphan_reason(self, rec, claim: dict | None) -> str | None:
-        st = self.state
-        if claim is None:
-            return "the ResourceClaim no longer exists"
-        if (claim.get("metadata") or {}).get("uid") != rec.uid:
-            return "the ResourceClaim was re-created with another UID"
-        allocation = (claim.get("status") or {}).get("allocation")
-        if not allocation:
-            return "the ResourceClaim is no longer allocated"
-        ours = {r.get("device") for r in (allocation.get("devices") or {}).get("results") or []
-                if r.get("driver") == st.driver and r.get("pool") == st.node_name}
-        if not ours:
-            return f"the ResourceClaim is no longer allocated to {st.driver} on this node"
-        return None
-
     def run_once(self) -> dict[str, int]:
         with self._pass_lock:
             return self._pass()
@@ -116,7 +101,7 @@ class Reconciler:
                 if exc.status != 404:
                     raise
                 claim = None
-            reason = self._orphan_reason(rec, claim)
+            reason = st.orphan_reason(rec, claim)
             if reason:
                 verdicts[rec.uid] = reason
         with st.lock.held():

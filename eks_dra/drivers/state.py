@@ -154,8 +154,45 @@ class DeviceState:
                     self.ensure_spec(rec)
                     return rec.devices
         planned = self.plan(ref, claim)
+        self._release_gone_reservations(ref, planned)
         with self.lock.held():
             return self.commit(ref, planned)
+
+    def _release_gone_reservations(self, ref: ClaimRef, planned: list[PlannedDevice]) -> None:
+        """A device held by a claim that never completed here (a reservation after a lost checkpoint, a crashed
+        prepare) whose ResourceClaim is gone or deallocated: release that record now instead of refusing this
+        claim until the next reconcile pass. Completed claims are never released here (the kubelet has not
+        unprepared them: a real double allocation, refused by commit)."""
+        cp = self.store.load()  # a hint only: commit re-checks every owner under the lock
+        owners = {o.uid: o for p in planned if (o := cp.device_owner(p.device_name, ref.uid)) is not None
+                  and not o.completed and o.namespace and o.name}
+        for owner in owners.values():
+            try:
+                other = self.api.get_claim(owner.namespace, owner.name)
+            except ApiError as exc:
+                if exc.status != 404:
+                    continue  # in doubt: keep it, commit refuses, the kubelet retries
+                other = None
+            reason = self.orphan_reason(owner, other)
+            if reason is None:
+                continue
+            with self.lock.held():
+                current = self.store.load().claims.get(owner.uid)
+                if current is not None and not current.completed:
+                    self.release(owner.uid)
+                    log.info("released a reservation", extra={"claim": owner.uid, "reason": reason})
+
+    def orphan_reason(self, rec: ClaimRecord, claim: dict | None) -> str | None:
+        """Why a record's claim no longer needs its devices on this node (None: it still does)."""
+        if claim is None:
+            return "the ResourceClaim no longer exists"
+        if (claim.get("metadata") or {}).get("uid") != rec.uid:
+            return "the ResourceClaim was re-created with another UID"
+        if not (claim.get("status") or {}).get("allocation"):
+            return "the ResourceClaim is no longer allocated"
+        if not self._our_results(claim):
+            return f"the ResourceClaim is no longer allocated to {self.driver} on this node"
+        return None
 
     def _our_results(self, claim: dict) -> list[dict]:
         """The allocation's results of this driver on this node."""
