@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 
 import pytest
-from drivers.harness import Sandbox, kubelet_for, make_claim, wait_for
+from drivers.harness import Sandbox, connect, kubelet_for, make_claim, wait_for
 
 from eks_dra.devices.names import DEFAULT_DRIVER_NAMES
 from eks_dra.drivers.configs import GPU_API_VERSION
@@ -124,7 +124,7 @@ def test_kill_at_every_step_of_recovery_loses_nothing(box, point):
     kept = [p for p in d.store.path.parent.glob("checkpoint.json.corrupt-*") if p.read_bytes() == broken]
     assert len(kept) == 1
     box.spawn(node, "gpu")
-    k = kubelet_for(node, "gpu", timeout=30)
+    k = connect(node, "gpu", timeout=30)  # (the killed process left its socket files behind)
     wait_for(lambda: k.prepare([claims[0]])[claims[0]["metadata"]["uid"]].error == "", timeout=30, what="serving")
     assert [answer(k, c) for c in claims] == first
     for device in ("gpu-1", "gpu-3", "gpu-4"):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import crashpoints
@@ -27,12 +26,13 @@ from .checkpoint import (
     PreparedDevice,
 )
 from .device_setup import DeviceSetup
+from .driver_config import DriverConfig
 from .events import EventRecorder
 from .inventory import HealthSource, InventorySource, InventoryView
 from .kube import ApiError
 from .lock import NodeLock
 from .metrics import DriverMetrics
-from .plugin import HealthStreamServicer, PluginServers
+from .plugin import PluginServers
 from .publisher import SlicePublisher
 from .readiness import ReadinessTaint
 from .reconciler import Reconciler
@@ -47,34 +47,6 @@ class FatalError(Exception):
     """The driver must not run (exit code 3); the message says why and what to do."""
 
 
-@dataclass
-class DriverConfig:
-    family: str
-    driver_name: str
-    node_name: str
-    host_root: Path = Path("/")
-    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
-    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
-    cdi_root: Path = Path("/var/run/cdi")
-    state_dir: Path | None = None
-    kubeconfig: str | None = None
-    pod_uid: str | None = None
-    health_port: int = -1  # -1: no liveness endpoint
-    health_address: str = "0.0.0.0"
-    metrics_port: int = -1
-    reconcile_interval_s: float = 60.0
-    health_interval_s: float = 1.0
-    rediscover_interval_s: float = 10.0
-    resync_interval_s: float = 30.0
-    dra_health_stream: bool = False
-    lock_timeout_s: float = 30.0
-    durable: bool = True  # fsync the checkpoint (tests turn it off for speed)
-
-    @property
-    def state_path(self) -> Path:
-        return self.state_dir or self.plugins_dir / self.driver_name
-
-
 def read_boot_id(host_root: Path) -> str:
     """The host's boot id (kernel-wide, so the container's own /proc has it too)."""
     for path in (host_root / BOOT_ID, Path("/") / BOOT_ID):
@@ -87,7 +59,8 @@ def read_boot_id(host_root: Path) -> str:
 
 class Driver:
     def __init__(self, cfg: DriverConfig, api, inventory_source: InventorySource,
-                 health_source: HealthSource | None = None) -> None:
+                 health_source: HealthSource | None = None, servers: PluginServers | None = None) -> None:
+        """`servers`: already serving (main.py starts them before the heavy imports); None: made here."""
         self.cfg = cfg
         self.api = api
         self.started_at = time.monotonic()
@@ -103,10 +76,10 @@ class Driver:
                                  inventory=self.inventory, store=self.store, cdi=self.cdi,
                                  setup=DeviceSetup.for_node(cfg.family), lock=self.lock, metrics=self.metrics,
                                  events=self.events, host_root=cfg.host_root)
-        self.health_stream = HealthStreamServicer(cfg.node_name, self.inventory) if cfg.dra_health_stream else None
-        self.servers = PluginServers(driver=cfg.driver_name, state=self.state, registry_dir=cfg.registry_dir,
-                                     plugins_dir=cfg.plugins_dir, pod_uid=cfg.pod_uid,
-                                     health_stream=self.health_stream)
+        self.servers = servers or PluginServers.for_config(cfg)
+        self.health_stream = self.servers.health_stream
+        if self.health_stream is not None:
+            self.health_stream.inventory = self.inventory
         self.readiness = ReadinessTaint(api, cfg.driver_name, cfg.node_name, self.events)
         self.publisher = SlicePublisher(api, cfg.driver_name, cfg.node_name, self.metrics,
                                         resync_s=cfg.resync_interval_s, on_synced=self._on_synced)
@@ -129,7 +102,9 @@ class Driver:
             self._poll_inventory(rediscover=True)
         except Exception:  # noqa: BLE001 - the poll loop retries; registration must not wait for devices
             log.exception("first device discovery failed; retrying in the background")
-        self.servers.start()
+        if not self.servers.started:
+            self.servers.start()
+        self.servers.attach(self.state)
         if self.cfg.health_port >= 0:
             from .health import serve_liveness
 
