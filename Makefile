@@ -54,6 +54,7 @@ bench-e2e: deps
 	bash tests/e2e/build.sh
 	$(PY) bench/e2e.py
 	$(PY) bench/field_failures.py
+	$(PY) bench/checkpoint_chaos.py
 
 gpu-check: deps
 	$(PY) -m eks_dra.drivers.gpu_check
