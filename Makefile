@@ -54,6 +54,7 @@ bench-e2e: deps
 	bash tests/e2e/build.sh
 	$(PY) bench/e2e.py
 	$(PY) bench/field_failures.py
+	$(PY) bench/checkpoint_chaos.py
 
 # On a node with an NVIDIA GPU: NVML (from the driver root) discovery, and our CDI edits against NVIDIA's
 # pkg/nvcdi with the real NVML (tests/nvidia_ctk, Go needed). NVIDIA_DRIVER_ROOT: the driver root (default /).

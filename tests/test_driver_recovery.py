@@ -103,12 +103,18 @@ def test_corrupt_checkpoint_moved_aside_event_and_rebuilt(node_env):
     wait_for(lambda: set(d2.store.load().claims) == {kept["metadata"]["uid"], unprepared_spec_lost["metadata"]["uid"]}
              and all(r.namespace for r in d2.store.load().claims.values()), timeout=30, what="rebuilt")
     assert not spec_path(node, GPU, gone["metadata"]["uid"]).exists()
-    assert spec_path(node, GPU, unprepared_spec_lost["metadata"]["uid"]).exists()
+    # a claim without spec is only reserved (the kubelet may have released it); its retried prepare prepares it
+    lost = d2.store.load().claims[unprepared_spec_lost["metadata"]["uid"]]
+    assert not lost.completed and [x.device_name for x in lost.devices] == ["gpu-3"]
+    assert not spec_path(node, GPU, unprepared_spec_lost["metadata"]["uid"]).exists()
     # ready: new claims prepare, the rebuilt ones still block their devices
     prepare(kube, node, "gpu", ["gpu-2"])
-    forged = kube.put_claim(make_claim(GPU, "node-a", ["gpu-1"]))
     k = kubelet_for(node, "gpu")
-    assert "already prepared" in k.prepare([forged])[forged["metadata"]["uid"]].error
+    for held in ("gpu-1", "gpu-3"):
+        forged = kube.put_claim(make_claim(GPU, "node-a", [held]))
+        assert "already prepared" in k.prepare([forged])[forged["metadata"]["uid"]].error
+    assert k.prepare([unprepared_spec_lost])[unprepared_spec_lost["metadata"]["uid"]].error == ""  # kubelet retry
+    assert spec_path(node, GPU, unprepared_spec_lost["metadata"]["uid"]).exists()
     assert k.unprepare([kept])[kept["metadata"]["uid"]].error == ""
     k.close()
 

@@ -1,6 +1,6 @@
 """One DRA driver process: the parts of this package put together, started and stopped in order.
 
-Start: checkpoint (corrupt -> moved aside + Warning Event + rebuilt; newer format -> refuse and exit 3),
+Start: checkpoint (corrupt or lost -> kept aside + Warning Event + rebuilt; newer format -> refuse, exit 3),
 first discovery, gRPC servers (DRA socket, then registration), liveness and metrics endpoints, then the
 background loops: inventory/health poll (every `health_interval_s` <= 2 s), slice publisher, reconciler.
 Stop (SIGTERM): stop the loops, drain the gRPC servers, remove our own sockets. Slices, the readiness
@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from . import crashpoints
 from .cdi import CdiDir
 from .checkpoint import (
     PREPARE_COMPLETED,
@@ -26,18 +26,19 @@ from .checkpoint import (
     PreparedDevice,
 )
 from .device_setup import DeviceSetup
+from .driver_config import DriverConfig
 from .events import EventRecorder
 from .gpu.host import GpuHost
 from .inventory import HealthSource, InventorySource, InventoryView
 from .kube import ApiError
 from .lock import NodeLock
 from .metrics import DriverMetrics
-from .plugin import HealthStreamServicer, PluginServers
+from .plugin import PluginServers
 from .publisher import SlicePublisher
 from .readiness import ReadinessTaint
 from .reconciler import Reconciler
 from .safety import device_plugin_conflict
-from .state import ClaimError, ClaimRef, DeviceState
+from .state import ClaimRef, DeviceState
 
 log = logging.getLogger(__name__)
 BOOT_ID = Path("proc/sys/kernel/random/boot_id")
@@ -45,35 +46,6 @@ BOOT_ID = Path("proc/sys/kernel/random/boot_id")
 
 class FatalError(Exception):
     """The driver must not run (exit code 3); the message says why and what to do."""
-
-
-@dataclass
-class DriverConfig:
-    family: str
-    driver_name: str
-    node_name: str
-    host_root: Path = Path("/")
-    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
-    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
-    cdi_root: Path = Path("/var/run/cdi")
-    state_dir: Path | None = None
-    kubeconfig: str | None = None
-    pod_uid: str | None = None
-    health_port: int = -1  # -1: no liveness endpoint
-    health_address: str = "0.0.0.0"
-    metrics_port: int = -1
-    reconcile_interval_s: float = 60.0
-    health_interval_s: float = 1.0
-    rediscover_interval_s: float = 10.0
-    resync_interval_s: float = 30.0
-    dra_health_stream: bool = False
-    lock_timeout_s: float = 30.0
-    durable: bool = True  # fsync the checkpoint (tests turn it off for speed)
-    gpu_host: GpuHost | None = None  # the NVIDIA driver root and tools (default: the driver root / under host_root)
-
-    @property
-    def state_path(self) -> Path:
-        return self.state_dir or self.plugins_dir / self.driver_name
 
 
 def read_boot_id(host_root: Path) -> str:
@@ -88,7 +60,8 @@ def read_boot_id(host_root: Path) -> str:
 
 class Driver:
     def __init__(self, cfg: DriverConfig, api, inventory_source: InventorySource,
-                 health_source: HealthSource | None = None) -> None:
+                 health_source: HealthSource | None = None, servers: PluginServers | None = None) -> None:
+        """`servers`: already serving (main.py starts them before the heavy imports); None: made here."""
         self.cfg = cfg
         self.api = api
         self.started_at = time.monotonic()
@@ -105,10 +78,10 @@ class Driver:
                                  setup=DeviceSetup.for_node(cfg.family, self._gpu_host()), lock=self.lock,
                                  metrics=self.metrics,
                                  events=self.events, host_root=cfg.host_root)
-        self.health_stream = HealthStreamServicer(cfg.node_name, self.inventory) if cfg.dra_health_stream else None
-        self.servers = PluginServers(driver=cfg.driver_name, state=self.state, registry_dir=cfg.registry_dir,
-                                     plugins_dir=cfg.plugins_dir, pod_uid=cfg.pod_uid,
-                                     health_stream=self.health_stream)
+        self.servers = servers or PluginServers.for_config(cfg)
+        self.health_stream = self.servers.health_stream
+        if self.health_stream is not None:
+            self.health_stream.inventory = self.inventory
         self.readiness = ReadinessTaint(api, cfg.driver_name, cfg.node_name, self.events)
         self.publisher = SlicePublisher(api, cfg.driver_name, cfg.node_name, self.metrics,
                                         resync_s=cfg.resync_interval_s, on_synced=self._on_synced)
@@ -137,13 +110,14 @@ class Driver:
 
     # ----- start-up
     def start(self) -> None:
-        self.cdi.remove_stale_temporaries()
         self._load_checkpoint()
         try:
             self._poll_inventory(rediscover=True)
         except Exception:  # noqa: BLE001 - the poll loop retries; registration must not wait for devices
             log.exception("first device discovery failed; retrying in the background")
-        self.servers.start()
+        if not self.servers.started:
+            self.servers.start()
+        self.servers.attach(self.state)
         if self.cfg.health_port >= 0:
             from .health import serve_liveness
 
@@ -163,6 +137,9 @@ class Driver:
     def _load_checkpoint(self) -> None:
         boot_id = read_boot_id(self.cfg.host_root)
         with self.lock.held():
+            # Under the lock: during a rolling update the other plugin pod may be in the middle of a write.
+            self.store.remove_stale_temporaries()
+            self.cdi.remove_stale_temporaries()
             try:
                 cp = self.store.load()
             except CheckpointTooNew as exc:
@@ -170,7 +147,12 @@ class Driver:
                 self.events.flush(3)
                 raise FatalError(str(exc)) from None
             except CheckpointCorrupt as exc:
-                self._quarantine(exc, boot_id)
+                self._recover(exc, boot_id)
+                return
+            if cp.version_read == 0 and self.cdi.claim_uids():
+                # Claim specs but no checkpoint: the file was lost (deleted, or an older driver crashed in the
+                # middle of its recovery), never a first start: the specs' claims are still prepared.
+                self._recover(None, boot_id)
                 return
             if cp.version_read == 0:  # first start on this node
                 cp.boot_id = boot_id
@@ -184,15 +166,28 @@ class Driver:
                     self.store.save(cp)
             elif cp.version_read < 2:
                 self.store.save(cp)  # upgrade the file format in place
+            # A recovery that crashed before every rebuilt record was completed: finish it.
+            self._pending_rebuild = any(rec.incomplete for rec in cp.claims.values())
         self.metrics.prepared_claims.labels(self.cfg.driver_name).set(len(cp.claims))
 
-    def _quarantine(self, exc: CheckpointCorrupt, boot_id: str) -> None:
-        """Move a corrupt checkpoint aside (caller holds the lock) and start the rebuild."""
-        moved = self.store.quarantine()
-        self.metrics.checkpoint_corrupt.labels(self.cfg.driver_name).inc()
+    def _recover(self, exc: CheckpointCorrupt | None, boot_id: str) -> None:
+        """Rebuild the checkpoint from the CDI specs (caller holds the lock); the API fills in the rest later.
+
+        `exc` None: the checkpoint is missing. Each step leaves a state from which a restart recovers again:
+        the corrupt file stays in place until the rebuilt one atomically replaces it (kept under a second name).
+        """
         cp = self._rebuild_from_cdi(boot_id)
-        self.events.warning("CheckpointCorrupt", f"{self.cfg.driver_name}: {exc}; moved aside to {moved}; state "
-                                                 f"rebuilt from {len(cp.claims)} CDI specs and the API")
+        rebuilt = f"state rebuilt from {len(cp.claims)} CDI specs and the API"
+        if exc is None:
+            self.store.save(cp)
+            self.events.warning("CheckpointLost", f"{self.cfg.driver_name}: {self.store.path} is missing but "
+                                                  f"{len(cp.claims)} claim CDI specs exist; {rebuilt}")
+        else:
+            kept = self.store.replace_corrupt(cp)
+            self.metrics.checkpoint_corrupt.labels(self.cfg.driver_name).inc()
+            self.events.warning("CheckpointCorrupt", f"{self.cfg.driver_name}: {exc}; moved aside to {kept}; "
+                                                     f"{rebuilt}")
+        crashpoints.reached("recovery.replaced")
         self._pending_rebuild = True
 
     def _recover_if_corrupt(self) -> None:
@@ -202,10 +197,14 @@ class Driver:
             try:
                 self.store.load()
             except CheckpointCorrupt as exc:
-                self._quarantine(exc, read_boot_id(self.cfg.host_root))
+                self._recover(exc, read_boot_id(self.cfg.host_root))
 
     def _rebuild_from_cdi(self, boot_id: str) -> Checkpoint:
-        """Records for the claim specs in the CDI directory (names filled in from the API later)."""
+        """Incomplete records for the claim specs in the CDI directory: devices and CDI ids, nothing else yet.
+
+        Their devices stay reserved from this moment; request names, settings, namespace and name come from the
+        API claim (reconciler pass, or the claim's next prepare, which answers only once that is done).
+        """
         cp = Checkpoint(boot_id=boot_id)
         for uid in sorted(self.cdi.claim_uids()):
             spec = self.cdi.read(uid) or {}
@@ -216,8 +215,8 @@ class Driver:
                     device = name[len(uid) + 1:]
                     devices.append(PreparedDevice([], self.cfg.node_name, device,
                                                   [f"{spec.get('kind')}={name}"]))
-            cp.claims[uid] = ClaimRecord(uid, "", "", PREPARE_COMPLETED, devices, self.cdi.path(uid).name, {})
-        self.store.save(cp)
+            cp.claims[uid] = ClaimRecord(uid, "", "", PREPARE_COMPLETED, devices, self.cdi.path(uid).name, {},
+                                         incomplete=True)
         return cp
 
     def _repair_after_start(self) -> None:
@@ -238,28 +237,32 @@ class Driver:
                 log.warning("rebuild from the API postponed", extra={"error": str(exc)})
 
     def _rebuild_from_api(self) -> None:
-        """Claims the API shows allocated here, in use, and missing from the rebuilt checkpoint: prepare them."""
+        """After a lost checkpoint: complete the records rebuilt from CDI specs and reserve the devices of claims
+        the API shows allocated here and in use that have neither a record nor a spec.
+
+        Those are not prepared again: without a spec the kubelet either released the claim already (its pod
+        ended; `reservedFor` lags behind) or never got "prepared" back, and in both cases only the kubelet knows;
+        it retries a prepare it still needs (and re-prepares everything after its own restart). The reservation
+        keeps a forged or racing allocation of the same devices out until then, costs nothing (the scheduler
+        does not hand out allocated devices) and goes with the claim's deallocation at the next reconcile pass.
+        """
         claims = self.api.list_claims()
-        rebuilt = 0
-        known = set(self.store.load().claims)
-        for claim in claims:
-            meta = claim.get("metadata") or {}
-            status = claim.get("status") or {}
-            results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-            mine = [r for r in results if r.get("driver") == self.cfg.driver_name and r.get("pool") == self.cfg.node_name]
-            if not mine or not status.get("reservedFor") or meta.get("uid") in known:
-                continue
-            ref = ClaimRef(meta.get("namespace", ""), meta.get("uid", ""), meta.get("name", ""))
-            try:
-                planned = self.state.plan(ref, claim)
-                with self.lock.held():
-                    self.state.commit(ref, planned)
-                rebuilt += 1
-            except ClaimError as exc:
-                log.warning("could not rebuild claim", extra={"claim": ref.uid, "error": str(exc)})
-        self.reconciler.run_once()  # names the records rebuilt from CDI specs, drops orphans
+        reserved = 0
+        with self.lock.held():
+            cp = self.store.load()
+            for claim in claims:
+                meta = claim.get("metadata") or {}
+                if not (claim.get("status") or {}).get("reservedFor") or meta.get("uid") in cp.claims:
+                    continue
+                ref = ClaimRef(meta.get("namespace", ""), meta.get("uid", ""), meta.get("name", ""))
+                if self.state.reserve(cp, ref, claim):
+                    self.store.save(cp)
+                    crashpoints.reached("recovery.reserved")
+                    reserved += 1
+        counts = self.reconciler.run_once()  # completes the records rebuilt from CDI specs, drops orphans
         self.events.normal("StateRebuilt", f"{self.cfg.driver_name}: {len(self.store.load().claims)} prepared "
-                                           f"claims after rebuild ({rebuilt} from the API)")
+                                           f"claims after rebuild ({counts['completed']} completed from the API, "
+                                           f"{reserved} claims without a CDI spec reserved)")
 
     # ----- loops
     def _poll_inventory(self, rediscover: bool) -> None:

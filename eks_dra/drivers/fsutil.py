@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from . import crashpoints
+
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
     """Write `data` to `path` so that a reader (or a crash) sees the old or the new file, never a mix.
@@ -20,6 +22,7 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644, durable: bool = Tru
             os.fsync(fd)
     finally:
         os.close(fd)
+    crashpoints.reached("write.temporary")
     os.replace(tmp, path)
     if durable:
         fsync_dir(path.parent)

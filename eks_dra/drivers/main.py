@@ -76,7 +76,7 @@ class BadArguments(ValueError):
 
 
 def config_from_args(args: argparse.Namespace):
-    from .driver import DriverConfig
+    from .driver_config import DriverConfig
 
     if not args.node_name:
         raise BadArguments("--node-name (or NODE_NAME) is required: the name of the node this pod runs on "
@@ -121,7 +121,43 @@ def main(argv: list[str] | None = None) -> int:
         print(f"eks-dra-driver: error: {exc}", file=sys.stderr)
         return 2
     driver_logging.setup(args.log_level, cfg.driver_name, cfg.node_name)
+    stopping = threading.Event()
 
+    def on_signal(signum, frame) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    # The kubelet's sockets first (grpc and the protos only): registration answers at once, DRA calls wait until
+    # the checkpoint is loaded and the devices are discovered. Everything heavy is imported after this.
+    from .plugin import PluginServers
+
+    try:
+        servers = PluginServers.for_config(cfg)
+        servers.start()
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"eks-dra-driver: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        driver = _start_driver(cfg, servers)
+    except _StartError as exc:
+        servers.stop(0)
+        print(f"eks-dra-driver: {exc}", file=sys.stderr)
+        return exc.code
+    while not stopping.wait(3600):
+        pass
+    driver.stop()
+    return 0
+
+
+class _StartError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _start_driver(cfg, servers):
+    from . import kube
     from .discovery import discover
     from .driver import Driver, FatalError
     from .health_sources import HealthMonitor
@@ -129,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         api = kube.KubeApi(kube.api_client(cfg.kubeconfig))
     except Exception as exc:  # noqa: BLE001 - bad kubeconfig / not in a cluster: one clear line
-        print(f"eks-dra-driver: error: cannot configure the Kubernetes client: {exc}", file=sys.stderr)
-        return 2
+        raise _StartError(2, f"error: cannot configure the Kubernetes client: {exc}") from None
     monitor = HealthMonitor(cfg.family, cfg.host_root)
 
     def inventory_source():
@@ -141,26 +176,14 @@ def main(argv: list[str] | None = None) -> int:
             monitor.refresh(fresh_inventory)
         return monitor.poll()
 
-    stopping = threading.Event()
-
-    def on_signal(signum, frame) -> None:
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     try:
-        driver = Driver(cfg, api, inventory_source, health_source)
+        driver = Driver(cfg, api, inventory_source, health_source, servers=servers)
         driver.start()
     except FatalError as exc:
-        print(f"eks-dra-driver: refusing to run: {exc}", file=sys.stderr)
-        return 3
+        raise _StartError(3, f"refusing to run: {exc}") from None
     except (OSError, ValueError) as exc:
-        print(f"eks-dra-driver: error: {exc}", file=sys.stderr)
-        return 2
-    while not stopping.wait(3600):
-        pass
-    driver.stop()
-    return 0
+        raise _StartError(2, f"error: {exc}") from None
+    return driver
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ from .proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from .state import ClaimRef
 
 log = logging.getLogger(__name__)
 PLUGIN_TYPE = "DRAPlugin"
@@ -40,6 +39,7 @@ DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+STARTING_WAIT_S = 30.0  # a DRA call arriving while the driver starts waits this long (kubelet: 45 s)
 
 
 def socket_paths(driver: str, registry_dir: Path, plugins_dir: Path, pod_uid: str | None) -> tuple[Path, Path]:
@@ -71,14 +71,35 @@ class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
         return pluginregistration_pb2.RegistrationStatusResponse()
 
 
-def _dra_servicer(pb2, base, state):
+class StateSlot:
+    """The DeviceState behind the DRA servicers. The sockets serve before the driver has loaded its checkpoint
+    and discovered its devices (heavy imports, file and API work): a call that arrives meanwhile waits."""
+
+    def __init__(self) -> None:
+        self._state = None
+        self._set = threading.Event()
+
+    def attach(self, state) -> None:
+        self._state = state
+        self._set.set()
+
+    def get(self, context):
+        if not self._set.wait(STARTING_WAIT_S):
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"driver still starting after {STARTING_WAIT_S:.0f}s")
+        return self._state
+
+
+def _dra_servicer(pb2, base, slot: StateSlot):
     """A DRAPlugin servicer for one API version (v1 and v1beta1 share messages field for field)."""
 
-    def refs(request) -> list[ClaimRef]:
+    def refs(request):
+        from .state import ClaimRef  # imported by the driver long before the first call; not on the start path
+
         return [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
 
     class Servicer(base):
         def NodePrepareResources(self, request, context):  # noqa: N802
+            state = slot.get(context)
             resp = pb2.NodePrepareResourcesResponse()
             for uid, (devices, error) in state.prepare(refs(request)).items():
                 entry = resp.claims[uid]
@@ -91,6 +112,7 @@ def _dra_servicer(pb2, base, state):
             return resp
 
         def NodeUnprepareResources(self, request, context):  # noqa: N802
+            state = slot.get(context)
             resp = pb2.NodeUnprepareResourcesResponse()
             for uid, error in state.unprepare(refs(request)).items():
                 resp.claims[uid].error = error  # an entry for every claim, empty on success
@@ -102,7 +124,8 @@ def _dra_servicer(pb2, base, state):
 class HealthStreamServicer(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
     """`NodeWatchResources`: the complete device list on every change, and at least every `period_s`."""
 
-    def __init__(self, node_name: str, inventory, period_s: float = 10.0) -> None:
+    def __init__(self, node_name: str, inventory=None, period_s: float = 10.0) -> None:
+        # inventory None until the driver is built; a watch that starts earlier waits for it
         self.node_name, self.inventory, self.period_s = node_name, inventory, period_s
         self.changed = threading.Condition()
         self.stopping = False
@@ -113,6 +136,9 @@ class HealthStreamServicer(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthService
 
     def NodeWatchResources(self, request, context):  # noqa: N802
         pb = dra_health_v1alpha1_pb2
+        while context.is_active() and not self.stopping and self.inventory is None:
+            with self.changed:
+                self.changed.wait(0.1)
         while context.is_active() and not self.stopping:
             now = int(time.time())
             msg = pb.NodeWatchResourcesResponse()
@@ -133,9 +159,9 @@ def _remove_socket(path: Path) -> None:
 
 class PluginServers:
     """Registration server + DRA server; start() binds the DRA socket first so kubelet never sees a
-    registration whose endpoint does not answer."""
+    registration whose endpoint does not answer. They may start before the DeviceState exists (`attach`)."""
 
-    def __init__(self, *, driver: str, state, registry_dir: Path, plugins_dir: Path, pod_uid: str | None,
+    def __init__(self, *, driver: str, registry_dir: Path, plugins_dir: Path, pod_uid: str | None,
                  health_stream: HealthStreamServicer | None = None, workers: int = 16) -> None:
         self.driver = driver
         self.reg_path, self.dra_path = socket_paths(driver, Path(registry_dir), Path(plugins_dir), pod_uid)
@@ -145,17 +171,26 @@ class PluginServers:
         versions = list(DRA_SERVICES) + ([HEALTH_SERVICE] if health_stream else [])
         self.registration = RegistrationServicer(driver, str(self.dra_path), versions)
         self.health_stream = health_stream
+        self.slot = StateSlot()
+        self.started = False
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
         self.dra_server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dra"),
                                       options=options)
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
-            _dra_servicer(dra_v1_pb2, dra_v1_pb2_grpc.DRAPluginServicer, state), self.dra_server)
+            _dra_servicer(dra_v1_pb2, dra_v1_pb2_grpc.DRAPluginServicer, self.slot), self.dra_server)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
-            _dra_servicer(dra_v1beta1_pb2, dra_v1beta1_pb2_grpc.DRAPluginServicer, state), self.dra_server)
+            _dra_servicer(dra_v1beta1_pb2, dra_v1beta1_pb2_grpc.DRAPluginServicer, self.slot), self.dra_server)
         if health_stream:
             dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(health_stream, self.dra_server)
         self.reg_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg"))
         pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, self.reg_server)
+
+    @classmethod
+    def for_config(cls, cfg) -> PluginServers:
+        """The servers of a driver_config.DriverConfig (not started)."""
+        stream = HealthStreamServicer(cfg.node_name) if cfg.dra_health_stream else None
+        return cls(driver=cfg.driver_name, registry_dir=cfg.registry_dir, plugins_dir=cfg.plugins_dir,
+                   pod_uid=cfg.pod_uid, health_stream=stream)
 
     def start(self) -> None:
         for server, path in ((self.dra_server, self.dra_path), (self.reg_server, self.reg_path)):
@@ -163,7 +198,12 @@ class PluginServers:
             _remove_socket(path)  # our own name only: a previous run of this pod (or of this node's single pod)
             server.add_insecure_port(f"unix://{path}")
             server.start()
+        self.started = True
         log.info("serving", extra={"path": [str(self.reg_path), str(self.dra_path)]})
+
+    def attach(self, state) -> None:
+        """The driver is ready: DRA calls go to `state` (calls waiting since start-up proceed)."""
+        self.slot.attach(state)
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop accepting calls, let running ones finish, then remove our own sockets."""

@@ -1,8 +1,9 @@
 """Checkpoint <-> CDI directory <-> API claims, compared every `interval_s`.
 
-One pass:
-1. records without a namespace/name (rebuilt from the CDI directory after a corrupt checkpoint) are
-   matched to the API's claims by UID with one LIST;
+The first pass runs `first_pass_s` after start (not a full interval: a driver that restarts often must still
+get there). One pass:
+1. incomplete records (rebuilt from the CDI directory after a lost checkpoint) are matched to the API's
+   claims by UID with one LIST and completed from them (name, request names, settings);
 2. every recorded claim is read from the API (outside the node lock); a claim that is gone (404), was
    re-created (other UID), deallocated, or no longer allocated here is an orphan: its settings are
    reverted, its CDI spec removed, its record dropped (Event OrphanCleaned, metric);
@@ -16,7 +17,10 @@ from __future__ import annotations
 import logging
 import threading
 
+from . import crashpoints
 from .checkpoint import CheckpointCorrupt
+from .configs import ConfigError
+from .device_setup import SetupError
 from .kube import ApiError
 from .state import ClaimError, DeviceState
 
@@ -24,10 +28,12 @@ log = logging.getLogger(__name__)
 
 
 class Reconciler:
-    def __init__(self, state: DeviceState, interval_s: float = 60.0) -> None:
+    def __init__(self, state: DeviceState, interval_s: float = 60.0, first_pass_s: float = 1.0) -> None:
         self.state = state
         self.interval_s = interval_s
+        self.first_pass_s = min(first_pass_s, interval_s)
         self._stop = threading.Event()
+        self._pass_lock = threading.Lock()  # the loop and the driver's rebuild may both run a pass
         self._thread: threading.Thread | None = None
         self.passes = 0
 
@@ -39,7 +45,9 @@ class Reconciler:
         self._stop.set()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        delay = self.first_pass_s
+        while not self._stop.wait(delay):
+            delay = self.interval_s
             try:
                 self.run_once()
             except ApiError as exc:
@@ -47,41 +55,41 @@ class Reconciler:
             except Exception:  # noqa: BLE001 - the loop must survive anything
                 log.exception("reconcile pass failed")
 
-    def _orphan_reason(self, rec, claim: dict | None) -> str | None:
-        st = self.state
-        if claim is None:
-            return "the ResourceClaim no longer exists"
-        if (claim.get("metadata") or {}).get("uid") != rec.uid:
-            return "the ResourceClaim was re-created with another UID"
-        allocation = (claim.get("status") or {}).get("allocation")
-        if not allocation:
-            return "the ResourceClaim is no longer allocated"
-        ours = {r.get("device") for r in (allocation.get("devices") or {}).get("results") or []
-                if r.get("driver") == st.driver and r.get("pool") == st.node_name}
-        if not ours:
-            return f"the ResourceClaim is no longer allocated to {st.driver} on this node"
-        return None
-
     def run_once(self) -> dict[str, int]:
+        with self._pass_lock:
+            return self._pass()
+
+    def _complete_rebuilt(self, counts: dict[str, int]) -> None:
         st = self.state
-        counts = {"orphan_claims": 0, "orphan_specs": 0, "rewritten": 0, "named": 0}
+        by_uid = {(c.get("metadata") or {}).get("uid"): c for c in st.api.list_claims()}
+        with st.lock.held():
+            cp = st.store.load()
+            for rec in list(cp.claims.values()):
+                claim = by_uid.get(rec.uid)
+                if not rec.incomplete or claim is None:
+                    continue
+                try:
+                    st.complete(rec, claim)
+                except (ClaimError, ConfigError, SetupError) as exc:
+                    # still reserved; released below if the claim is no longer this node's
+                    rec.namespace = rec.namespace or str(claim["metadata"].get("namespace", ""))
+                    rec.name = rec.name or str(claim["metadata"].get("name", ""))
+                    log.warning("cannot complete a rebuilt record", extra={"claim": rec.uid, "error": str(exc)})
+                    continue
+                st.store.save(cp)
+                counts["completed"] += 1
+                crashpoints.reached("recovery.completed")
+
+    def _pass(self) -> dict[str, int]:
+        st = self.state
+        counts = {"orphan_claims": 0, "orphan_specs": 0, "rewritten": 0, "completed": 0}
         try:
             cp = st.store.load()
         except CheckpointCorrupt:
             st.on_corrupt()
             return counts
-        unnamed = [r for r in cp.claims.values() if not r.namespace or not r.name]
-        if unnamed:
-            by_uid = {(c.get("metadata") or {}).get("uid"): c for c in st.api.list_claims()}
-            with st.lock.held():
-                cp = st.store.load()
-                for rec in list(cp.claims.values()):
-                    claim = by_uid.get(rec.uid)
-                    if (not rec.namespace or not rec.name) and claim is not None:
-                        rec.namespace = claim["metadata"].get("namespace", "")
-                        rec.name = claim["metadata"].get("name", "")
-                        counts["named"] += 1
-                st.store.save(cp)
+        if any(r.incomplete for r in cp.claims.values()):
+            self._complete_rebuilt(counts)
         verdicts: dict[str, str] = {}
         for rec in list(st.store.load().claims.values()):
             if not rec.namespace or not rec.name:
@@ -93,7 +101,7 @@ class Reconciler:
                 if exc.status != 404:
                     raise
                 claim = None
-            reason = self._orphan_reason(rec, claim)
+            reason = st.orphan_reason(rec, claim)
             if reason:
                 verdicts[rec.uid] = reason
         with st.lock.held():
@@ -113,7 +121,7 @@ class Reconciler:
                 st.metrics.orphans_cleaned.labels(st.driver, "cdi_spec").inc()
                 st.events.normal("OrphanCleaned", f"{st.driver}: removed CDI spec of unknown claim {uid}")
             for rec in list(cp.claims.values()):
-                if rec.completed and not st.cdi.exists(rec.uid):
+                if rec.completed and not rec.incomplete and not st.cdi.exists(rec.uid):
                     try:
                         st.ensure_spec(rec)
                         counts["rewritten"] += 1

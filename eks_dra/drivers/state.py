@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import cdi as cdi_mod
+from . import crashpoints
 from .checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -133,7 +134,7 @@ class DeviceState:
         if rec is not None and rec.completed:
             with self.lock.held():
                 rec = self.store.load().claims.get(ref.uid)
-                if rec is not None and rec.completed:
+                if rec is not None and rec.completed and not rec.incomplete:
                     self.ensure_spec(rec)
                     return rec.devices
         try:
@@ -142,9 +143,111 @@ class DeviceState:
             if exc.status == 404:
                 raise ClaimError("ResourceClaim not found") from None
             raise ClaimError(f"cannot read the ResourceClaim: {exc}") from None
+        if rec is not None and rec.incomplete:
+            with self.lock.held():
+                cp = self.store.load()
+                rec = cp.claims.get(ref.uid)
+                if rec is not None and rec.incomplete:  # rebuilt from its CDI spec: answer as the first prepare did
+                    self.complete(rec, claim)
+                    self.store.save(cp)
+                if rec is not None and rec.completed:
+                    self.ensure_spec(rec)
+                    return rec.devices
         planned = self.plan(ref, claim)
+        self._release_gone_reservations(ref, planned)
         with self.lock.held():
             return self.commit(ref, planned)
+
+    def _release_gone_reservations(self, ref: ClaimRef, planned: list[PlannedDevice]) -> None:
+        """A device held by a claim that never completed here (a reservation after a lost checkpoint, a crashed
+        prepare) whose ResourceClaim is gone or deallocated: release that record now instead of refusing this
+        claim until the next reconcile pass. Completed claims are never released here (the kubelet has not
+        unprepared them: a real double allocation, refused by commit)."""
+        cp = self.store.load()  # a hint only: commit re-checks every owner under the lock
+        owners = {o.uid: o for p in planned if (o := cp.device_owner(p.device_name, ref.uid)) is not None
+                  and not o.completed and o.namespace and o.name}
+        for owner in owners.values():
+            try:
+                other = self.api.get_claim(owner.namespace, owner.name)
+            except ApiError as exc:
+                if exc.status != 404:
+                    continue  # in doubt: keep it, commit refuses, the kubelet retries
+                other = None
+            reason = self.orphan_reason(owner, other)
+            if reason is None:
+                continue
+            with self.lock.held():
+                current = self.store.load().claims.get(owner.uid)
+                if current is not None and not current.completed:
+                    self.release(owner.uid)
+                    log.info("released a reservation", extra={"claim": owner.uid, "reason": reason})
+
+    def orphan_reason(self, rec: ClaimRecord, claim: dict | None) -> str | None:
+        """Why a record's claim no longer needs its devices on this node (None: it still does)."""
+        if claim is None:
+            return "the ResourceClaim no longer exists"
+        if (claim.get("metadata") or {}).get("uid") != rec.uid:
+            return "the ResourceClaim was re-created with another UID"
+        if not (claim.get("status") or {}).get("allocation"):
+            return "the ResourceClaim is no longer allocated"
+        if not self._our_results(claim):
+            return f"the ResourceClaim is no longer allocated to {self.driver} on this node"
+        return None
+
+    def _our_results(self, claim: dict) -> list[dict]:
+        """The allocation's results of this driver on this node."""
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        return [r for r in (allocation.get("devices") or {}).get("results") or []
+                if isinstance(r, dict) and r.get("driver") == self.driver and r.get("pool") == self.node_name]
+
+    def complete(self, rec: ClaimRecord, claim: dict) -> None:
+        """Fill in a record rebuilt from its CDI spec from the API's claim (caller holds the node lock).
+
+        Namespace and name, each device's request name, the requested settings (the allocation's configs) and
+        the applied ones (applied again: idempotent, the device still has them), exactly as the first prepare
+        recorded them. Raises ClaimError when the claim no longer matches the spec (re-created or allocated
+        elsewhere): the record stays incomplete, its devices reserved, and the reconciler releases it.
+        """
+        meta = claim.get("metadata") or {}
+        if meta.get("uid") != rec.uid:
+            raise ClaimError(f"the ResourceClaim now has UID {meta.get('uid')}: it was deleted and re-created")
+        results = self._our_results(claim)
+        request_of = {str(r.get("device")): str(r.get("request", "")) for r in results}
+        devices = rec.devices or [PreparedDevice([], self.node_name, name,
+                                                 [cdi_mod.qualified_name(self.driver, rec.uid, name)])
+                                  for name in request_of]  # an unreadable spec: the allocation's devices
+        missing = [d.device_name for d in devices if d.device_name not in request_of]
+        if missing or not devices:
+            raise ClaimError(f"the claim's allocation no longer names device(s) {', '.join(missing)} of its CDI "
+                             "spec on this node")
+        configs = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("config") or []
+        settings = settings_per_request(self.family, self.driver, configs, sorted(set(request_of.values())))
+        pairs = []
+        for d in devices:
+            discovered, _ = self.inventory.get(d.device_name)
+            if discovered is None:
+                raise ClaimError(f"device {d.device_name} is no longer present on node {self.node_name}")
+            pairs.append((discovered.device, settings[request_of[d.device_name]]))
+        _, applied = self.setup.apply(pairs)
+        for d in devices:
+            d.request_names = [request_of[d.device_name].split("/", 1)[0]]
+        rec.namespace, rec.name, rec.devices = str(meta.get("namespace", "")), str(meta.get("name", "")), devices
+        rec.settings = {"requested": {d.device_name: settings[request_of[d.device_name]].to_json() for d in devices},
+                        "applied": applied}
+        rec.cdi_spec = self.cdi.path(rec.uid).name
+        rec.incomplete = False
+
+    def reserve(self, cp: Checkpoint, ref: ClaimRef, claim: dict) -> bool:
+        """Record the devices of a claim allocated here that has no record (lost with a corrupt checkpoint) as
+        PrepareStarted: reserved against a second allocation, nothing applied, no CDI spec (caller holds the
+        lock). False when the claim has no device of this driver on this node."""
+        devices = [PreparedDevice([str(r.get("request", "")).split("/", 1)[0]], self.node_name, str(r.get("device")),
+                                  [cdi_mod.qualified_name(self.driver, ref.uid, str(r.get("device")))])
+                   for r in self._our_results(claim)]
+        if not devices:
+            return False
+        cp.claims[ref.uid] = ClaimRecord(ref.uid, ref.namespace, ref.name, PREPARE_STARTED, devices, "", {})
+        return True
 
     def plan(self, ref: ClaimRef, claim: dict) -> list[PlannedDevice]:
         """Check the claim against this node and driver and decode its configs (no side effects)."""
@@ -187,7 +290,7 @@ class DeviceState:
     def commit(self, ref: ClaimRef, planned: list[PlannedDevice]) -> list[PreparedDevice]:
         cp = self.store.load()
         rec = cp.claims.get(ref.uid)
-        if rec is not None and rec.completed:  # prepared meanwhile by another thread or process
+        if rec is not None and rec.completed and not rec.incomplete:  # prepared meanwhile (thread or process)
             self.ensure_spec(rec)
             return rec.devices
         for p in planned:
@@ -201,6 +304,7 @@ class DeviceState:
         rec = ClaimRecord(ref.uid, ref.namespace, ref.name, PREPARE_STARTED, prepared, "",
                           {"requested": requested})
         cp.claims[ref.uid] = rec
+        crashpoints.reached("prepare.started")
         if self.setup.changes_hardware(p.settings for p in planned):
             # A crash after touching the device must leave a record that reverts it. It need not survive power
             # loss (a reboot resets the device, and the kubelet was never told "prepared"): no fsync.
@@ -209,6 +313,7 @@ class DeviceState:
         # record: nothing was promised to the kubelet, its retry rewrites the spec, the reconciler removes it
         # if no retry comes. Completed is fsynced before the kubelet hears of it.
         self._apply(rec)
+        crashpoints.reached("prepare.spec_written")
         rec.state = PREPARE_COMPLETED
         self.store.save(cp)
         self.metrics.prepared_claims.labels(self.driver).set(len(cp.claims))
@@ -291,6 +396,7 @@ class DeviceState:
         if rec is not None:
             self.setup.revert(rec.settings.get("applied") or {})
         self.cdi.remove(uid)  # also when unrecorded: a crash may have left the spec behind
+        crashpoints.reached("unprepare.spec_removed")
         if rec is not None:
             del cp.claims[uid]
             self.store.save(cp)
