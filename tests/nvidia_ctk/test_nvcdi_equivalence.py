@@ -50,6 +50,9 @@ def nvcdi_binary() -> Path:
     if shutil.which("go") is None:
         pytest.skip("nvidia-ctk tier: Go toolchain not found on PATH; install Go >= 1.24 to build NVIDIA's "
                     "pkg/nvcdi reference (tests/nvidia_ctk/build.sh)")
+    if not (shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")):
+        pytest.skip("nvidia-ctk tier: no C compiler (gcc/cc) on PATH; go-nvml's bindings need cgo "
+                    "(apt-get install build-essential)")
     if not _can_mknod():
         pytest.skip("nvidia-ctk tier: no CAP_MKNOD here; nvcdi finds device nodes only as character devices, "
                     "which the reference program creates with mknod")
