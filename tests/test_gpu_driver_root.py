@@ -205,3 +205,20 @@ def test_fixture_os_layout_is_checked(tmp_path):
     with pytest.raises(UserError, match="--os: unknown layout 'ubuntu'"):
         write_fixture("p5.48xlarge", tmp_path / "h", os_layout="ubuntu")
     assert (write_fixture("p5.48xlarge", tmp_path / "b", os_layout="bottlerocket") / discovery.FIXTURE_DIR).is_dir()
+
+
+def test_common_edits_are_cached_until_the_ld_cache_changes(tmp_path):
+    root = write_fixture("p5.48xlarge", tmp_path / "h", node_name=NODE)
+    host = GpuHost.for_node(root)
+
+    def binaries() -> set[str]:
+        return {m["containerPath"] for m in host.common_edits(["/dev/nvidiactl"])["mounts"]
+                if m["containerPath"].startswith("/usr/bin/")}
+
+    assert "/usr/bin/nvidia-debugdump" in binaries()
+    (root / "usr/bin/nvidia-debugdump").unlink()
+    assert "/usr/bin/nvidia-debugdump" in binaries()  # cached (a driver change rewrites the ld cache)
+    cache = root / "etc/ld.so.cache"
+    stat = cache.stat()
+    os.utime(cache, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert "/usr/bin/nvidia-debugdump" not in binaries()

@@ -16,6 +16,7 @@ import grpc
 
 from eks_dra.drivers import discovery, fixture
 from eks_dra.drivers.driver import Driver, DriverConfig
+from eks_dra.drivers.gpu.host import GpuHost
 from eks_dra.drivers.health_sources import HealthMonitor
 from eks_dra.drivers.kube import KubeApi, api_client
 
@@ -62,9 +63,10 @@ class Node:
 
 def sources(family: str, host: Path, node: str):
     monitor = HealthMonitor(family, host)
+    gpu_host = GpuHost.for_node(host) if family == "gpu" else None  # one per driver, as main.py makes it
 
     def inventory():
-        return discovery.discover(family, host, node)
+        return discovery.discover(family, host, node, gpu_host=gpu_host)
 
     def health(fresh):
         if fresh is not None:

@@ -11,6 +11,7 @@ device-node paths, hooks (lifecycle, path, arguments, env) and env entries.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -19,10 +20,16 @@ from pathlib import Path
 import pytest
 from drivers.fake_kube import FakeKube
 from drivers.harness import DRIVERS, Node, kubelet_for, make_claim, short_tmp, start_driver
+from test_discovery_fakes import FakeNvml
 
-from eks_dra.drivers import discovery
+from eks_dra.devices import node_facts
+from eks_dra.devices.gpu import DEFAULT_DRIVER_VERSION
+from eks_dra.drivers import discovery, gpu_check
+from eks_dra.drivers.fixture import write_fixture
+from eks_dra.drivers.gpu import elf
 from eks_dra.drivers.gpu.cdi_edits import DEFAULT_HOOK_PATH
 from eks_dra.drivers.gpu.equivalence import build_reference, compare, differences, normalise, run_reference
+from eks_dra.drivers.gpu.host import GpuHost
 
 GPU = DRIVERS["gpu"]
 
@@ -43,6 +50,9 @@ def nvcdi_binary() -> Path:
     if shutil.which("go") is None:
         pytest.skip("nvidia-ctk tier: Go toolchain not found on PATH; install Go >= 1.24 to build NVIDIA's "
                     "pkg/nvcdi reference (tests/nvidia_ctk/build.sh)")
+    if not (shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")):
+        pytest.skip("nvidia-ctk tier: no C compiler (gcc/cc) on PATH; go-nvml's bindings need cgo "
+                    "(apt-get install build-essential)")
     if not _can_mknod():
         pytest.skip("nvidia-ctk tier: no CAP_MKNOD here; nvcdi finds device nodes only as character devices, "
                     "which the reference program creates with mknod")
@@ -149,3 +159,20 @@ def test_gpu_checks_comparison_on_the_fixture(nvcdi_binary, node):
     """`make gpu-check`'s comparison (one spec with every device) on the fixture: no difference."""
     kube, n, driver, kubelet = node
     assert compare(discovery.discover("gpu", n.host, n.name), nvcdi(nvcdi_binary, n.host)) == []
+
+
+def test_gpu_check_prints_the_equivalence(nvcdi_binary, tmp_path):
+    """`make gpu-check`'s report on a fixture (the reference then mocks NVML): EQUAL, exit 0; a changed
+    driver root after discovery (a library the reference sees but our edits lack) is DIFFERENT, exit 4."""
+    root = write_fixture("p4d.24xlarge", tmp_path / "h", node_name="n", mig_profile="3g.20gb")
+    nvml = FakeNvml.from_facts(node_facts("p4d.24xlarge", "n", mig_profile="3g.20gb"))
+    out = io.StringIO()
+    assert gpu_check.check(root, "n", GPU, nvml, out=out, reference=nvcdi_binary) == 0, out.getvalue()
+    assert "# nvidia-ctk equivalence (pkg/nvcdi, mock NVML): EQUAL" in out.getvalue()
+    host = GpuHost.for_node(root)
+    host.common_edits(["/dev/nvidia-uvm-tools", "/dev/nvidia-uvm", "/dev/nvidiactl"])  # cached from now on
+    extra = root / f"usr/lib64/libnvidia-glsi.so.{DEFAULT_DRIVER_VERSION}"
+    extra.write_bytes(elf.shared_object(extra.name))
+    out = io.StringIO()
+    assert gpu_check.check(root, "n", GPU, nvml, out=out, gpu_host=host, reference=nvcdi_binary) == 4
+    assert "DIFFERENT" in out.getvalue() and f"only nvcdi: ('/usr/lib64/{extra.name}'" in out.getvalue()

@@ -11,20 +11,23 @@ same tool stay quiet until it works again.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from . import cdi_edits
+from . import cdi_edits, ldcache
 from .driver_root import DriverRoot, DriverRootError
 
 log = logging.getLogger(__name__)
 HOOK_SEARCH_PATHS = ("/usr/bin/nvidia-cdi-hook", "/usr/local/bin/nvidia-cdi-hook",
                      "/usr/local/nvidia/toolkit/nvidia-cdi-hook")
 SMI_TIMEOUT_S = 20
+COMMON_EDITS_TTL_S = 60.0
 
 
 class GpuToolError(RuntimeError):
@@ -39,6 +42,7 @@ class GpuHost:
         self.on_unavailable: Callable[[str, str], None] | None = None
         self._reported: set[str] = set()
         self.nvml_error = ""  # why the last NVML load failed, with the path tried
+        self._edits: tuple[tuple, float, dict] | None = None  # (key, computed at, common edits)
 
     @classmethod
     def for_node(cls, host_root: Path, driver_root: str = "/", container_driver_root: Path | None = None,
@@ -74,7 +78,19 @@ class GpuHost:
                               f"{self.host_root}); install nvidia-container-toolkit or pass --nvidia-cdi-hook-path")
 
     def common_edits(self, control_nodes: list[str]) -> dict:
-        return cdi_edits.common_edits(self.driver_root, self.hook(), control_nodes)
+        """The spec-level edits, recomputed at most every COMMON_EDITS_TTL_S (the upstream driver caches them
+        for 5 minutes) or when the control nodes, the hook or the driver root's ld cache change."""
+        hook = self.hook()
+        cache = self.driver_root.local("/" + str(ldcache.CACHE_PATH))
+        try:
+            stamp = cache.stat().st_mtime_ns
+        except OSError:
+            stamp = None
+        key = (tuple(control_nodes), hook, stamp)
+        now = time.monotonic()
+        if self._edits is None or self._edits[0] != key or now - self._edits[1] > COMMON_EDITS_TTL_S:
+            self._edits = (key, now, cdi_edits.common_edits(self.driver_root, hook, control_nodes))
+        return copy.deepcopy(self._edits[2])
 
     def device_hooks(self, uuid: str) -> list[dict]:
         return cdi_edits.device_hooks(self.hook(), self.driver_root.host_path, uuid)
