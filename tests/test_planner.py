@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from eks_dra import cli
+from eks_dra.devices.neuron import neuron_device_name
 from eks_dra.planner.cel_env import CelEnvironment
 from eks_dra.planner.claims import load_manifests
 from eks_dra.planner.plan import Planner, PlanResult
@@ -190,18 +191,19 @@ def _neuron_group(size: int, neurons: int, efas: int) -> dict:
 
 @pytest.mark.parametrize(("instance_type", "size", "efas", "expected_efa"), [
     # trn2: one EFA per Neuron device (neurons 0-3 on EFA buses c9, b4, b3, ca; 4-7 on 6c, 57, 56, 6d).
-    ("trn2.48xlarge", 4, 4, ["b3", "b4", "c9", "ca"]),
-    ("trn2.48xlarge", 8, 8, ["56", "57", "6c", "6d", "b3", "b4", "c9", "ca"]),
-    # trn1: two Neuron devices per EFA (neurons 0-3 on EFAs 11 and 12 under root 10, 4-7 on 21, 22).
-    ("trn1.32xlarge", 4, 2, ["11", "12"]),
-    ("trn1.32xlarge", 8, 4, ["11", "12", "21", "22"]),
+    ("trn2.48xlarge", 4, 4, ["b3-00", "b4-00", "c9-00", "ca-00"]),
+    ("trn2.48xlarge", 8, 8, ["56-00", "57-00", "6c-00", "6d-00", "b3-00", "b4-00", "c9-00", "ca-00"]),
+    # trn1: two Neuron devices per EFA (lookup/neuron/trn1.json: neurons 0-3 on 10:1a and a0:1a, 4-7 add
+    # 20:19 and 90:19).
+    ("trn1.32xlarge", 4, 2, ["10-1a", "a0-1a"]),
+    ("trn1.32xlarge", 8, 4, ["10-1a", "20-19", "90-19", "a0-1a"]),
 ])
 def test_neuron_groups_with_their_efa(tmp_path, instance_type, size, efas, expected_efa):
     result = plan(tmp_path, instance_type, _neuron_group(size, size, efas))
-    # Devices are walked in slice (name) order: neuron-0, neuron-1, neuron-10, ...; the group id of neuron-0
-    # keeps neuron-10.. out.
+    # Devices are walked in slice (name) order: neurondevice0, neurondevice1, neurondevice10, ...; the group id of device 0
+    # keeps devices 10.. out.
     assert devices_of(result, f"group{size}") == (
-        [("neuron", f"neuron-{i}") for i in range(size)] + [("efa", f"efa-0000-{b}-00-0") for b in expected_efa])
+        [("neuron", neuron_device_name(i)) for i in range(size)] + [("efa", f"efa-0000-{b}-0") for b in expected_efa])
 
 
 def test_neuron_group_needing_more_efa_than_wired(tmp_path):
@@ -292,7 +294,7 @@ def test_quantity_and_semver_selectors(tmp_path):
         "device.attributes['gpu.nvidia.com'].driverVersion.isLessThan(semver('v600', true))",
         "!('nvlinkDomain' in device.attributes['gpu.nvidia.com'])",
         "size(device.attributes['vendor.example.com']) == 0",
-        "cel.bind(a, device.attributes['gpu.nvidia.com'], a.index >= 0 && a.architecture == 'Hopper')",
+        "cel.bind(a, device.attributes['gpu.nvidia.com'], a.numaNode >= 0 && a.architecture == 'Hopper')",
     )))
     assert len(devices_of(plan(tmp_path, "p5.48xlarge", doc), "cel")) == 8
     assert reason_of(plan(tmp_path, "p4d.24xlarge", doc), "cel") == (

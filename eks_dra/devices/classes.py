@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import efa, gpu
 from .names import DEVICE_KINDS, UPSTREAM_CLASSES, UPSTREAM_DRIVER_NAMES, DeviceKind, DriverNames
 
 
@@ -54,7 +55,9 @@ class DeviceClasses:
         family = "gpu" if kind == "mig" else kind
         expression = f"device.driver == '{self.driver(family)}'"
         if family == "gpu":
-            expression += f" && {self.attribute('gpu', 'type')} == '{kind}'"
+            expression += f" && {self.attribute('gpu', gpu.TYPE)} == '{kind}'"
+        elif family == "efa":  # aws-dranet's class: DRANET also publishes non-EFA network devices
+            expression += f" && {self.attribute('efa', efa.PCI_DEVICE)} == '{efa.EFA_PCI_DEVICE_NAME}'"
         return DeviceClassDefinition(self.class_name(kind), family, expression)
 
     def owned(self, kinds: tuple[str, ...]) -> list[DeviceClassDefinition]:
