@@ -306,7 +306,47 @@ def test_unknown_attribute_is_an_evaluation_error(tmp_path):
     doc = claim("typo", exact("gpu", "gpu.nvidia.com", selectors=("device.attributes['gpu.nvidia.com'].model == 'x'",)))
     reason = reason_of(plan(tmp_path, "p5.48xlarge", doc), "typo")
     assert reason.endswith("spec.devices.requests[0].exactly.selectors[0].cel.expression: CEL runtime error on "
-                           "device gpu-0 of node p5.48xlarge-0: no such key: model")
+                           "device gpu-0 of node p5.48xlarge-0: no attribute model on gpu.nvidia.com devices; their "
+                           "attributes: architecture, brand, cudaComputeCapability, cudaDriverVersion, driverVersion, "
+                           "numaNode, productName, type, uuid")
+
+
+def test_an_attribute_that_is_a_capacity_says_so(tmp_path):
+    doc = claim("mem", exact("gpu", "gpu.nvidia.com", selectors=(
+        "device.attributes['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0",)))
+    reason = reason_of(plan(tmp_path, "p5.48xlarge", doc), "mem")
+    assert "no attribute memory on gpu.nvidia.com devices (it is a capacity: use " \
+           "device.capacity['gpu.nvidia.com'].memory); their attributes: architecture," in reason
+    missing_capacity = claim("cap", exact("gpu", "gpu.nvidia.com", selectors=(
+        "device.capacity['gpu.nvidia.com'].sms.compareTo(quantity('1')) >= 0",)))
+    assert reason_of(plan(tmp_path, "p5.48xlarge", missing_capacity), "cap").endswith(
+        "no capacity sms on gpu.nvidia.com devices; their capacities: memory")
+
+
+FIRST_AVAILABLE_17_OR_8 = claim("big-or-half", {"name": "neurons", "firstAvailable": [
+    {"name": "seventeen", "deviceClassName": "neuron.aws.com", "count": 17},
+    {"name": "eight", "deviceClassName": "neuron.aws.com", "count": 8}]})
+
+
+def test_first_available_times_out_on_1_34_as_measured(tmp_path):
+    # Measured on the real 1.34.12 scheduler: never scheduled (kubernetes/kubernetes#131730).
+    result = plan(tmp_path, "trn2.48xlarge", FIRST_AVAILABLE_17_OR_8)
+    reason = reason_of(result, "big-or-half")
+    assert "on Kubernetes 1.34 never scheduled on trn2.48xlarge: subrequest neurons/seventeen asks for 17 of the 16" \
+           in reason and "kubernetes/kubernetes#131730" in reason
+    # Fewer than ten candidates (inf2.24xlarge: 6) end the search in time: the documented answer.
+    few = claim("few", {"name": "n", "firstAvailable": [
+        {"name": "seven", "deviceClassName": "neuron.aws.com", "count": 7},
+        {"name": "one", "deviceClassName": "neuron.aws.com", "count": 1}]})
+    assert devices_of(plan(tmp_path, "inf2.24xlarge", few), "few") == [("n/one", neuron_device_name(0))]
+
+
+def test_first_available_keeps_the_documented_answer_where_fixed(tmp_path, capsys):
+    path = _write(tmp_path, "fa.yaml", yaml.safe_dump(FIRST_AVAILABLE_17_OR_8))
+    assert cli.main(["plan", "--instance-type", "trn2.48xlarge", "--kubernetes-version", "1.35", "--claims",
+                     str(path), "--output", "json"]) == 0
+    claim_out = json.loads(capsys.readouterr().out)["claims"][0]
+    assert claim_out["allocated"] and {d["request"] for d in claim_out["devices"]} == {"neurons/eight"}
 
 
 def test_match_attribute_on_a_driver_attribute_given_fully_qualified(tmp_path):

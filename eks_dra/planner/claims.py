@@ -39,6 +39,7 @@ MAX_REQUESTS = 32  # DeviceRequestsMaxSize
 MAX_CONSTRAINTS = 32
 MAX_SELECTORS = 32
 MAX_SUBREQUESTS = 8  # FirstAvailableDeviceRequestMaxSize
+MAX_CONFIGS = 32  # DeviceConfigMaxSize
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUALIFIED = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z_][A-Za-z0-9_]*$")
 _WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job", "CronJob", "DaemonSet")
@@ -219,7 +220,8 @@ class _Loader:
                 raise UserError(f"{where}: {cpath}.matchAttribute: {attr!r} must be a fully qualified attribute "
                                 "name <domain>/<name>, e.g. resource.kubernetes.io/pcieRoot")
             constraints.append(MatchAttribute(attr, tuple(refs), i))
-        parsed = ClaimSpec(tuple(requests), tuple(constraints), key)
+        configs = self._list(devices.get("config"), f"{where}: {dpath}.config", MAX_CONFIGS)
+        parsed = ClaimSpec(tuple(requests), tuple(constraints), key, tuple(configs), f"{dpath}.config")
         self._specs[key] = parsed
         return parsed
 
