@@ -456,8 +456,6 @@ class _Loader:
                 self.fail(f"drivers.names.{fam}", f"{value!r} must be a DNS subdomain with a dot "
                           "(e.g. gpu.example.com), at most 63 characters")
             names[fam] = value
-        if len(set(names.values())) != len(names):
-            self.fail("drivers.names", "each device family needs its own driver name")
         for fam in FAMILIES:
             if impl[fam] == "upstream" and fam in names_data:
                 self.fail(f"drivers.names.{fam}", f"drivers.{fam} is upstream: the vendor's driver is always named "
@@ -466,6 +464,8 @@ class _Loader:
             if impl[fam] == "python" and taken:
                 self.fail(f"drivers.names.{fam}", f"{names[fam]!r} is the name of the upstream {taken[0]} driver that "
                           f"drivers.{taken[0]}: upstream installs; two drivers cannot share one name in a cluster")
+        if len(set(names.values())) != len(names):
+            self.fail("drivers.names", "each device family needs its own driver name")
         return DriversConfig(names=DriverNames(**names), **impl)
 
     # --- node groups ---
