@@ -8,7 +8,8 @@ The tables below are recorded from the upstream sources, not from our code:
   publishes them on EFA (aws/karpenter-provider-aws pkg/providers/drametadata/zz_generated_efa_metadata.go).
 - Neuron: aws-neuron/aws-neuron-sdk deploy/eks/dra.rst @ 3afa0fdf (the driver's source is not public).
 - DeviceClass selectors: the charts' deviceclass templates (dra-driver-nvidia-gpu v0.4.1
-  deviceclass-{gpu,mig}.yaml, aws/eks-charts stable/aws-dranet, neuron-helm-charts dra-driver-deviceclass.yaml).
+  deviceclass-{gpu,mig}.yaml, aws/eks-charts stable/aws-dranet/templates/deviceclass.yaml @ 79203dcc,
+  neuron-helm-charts dra-driver-deviceclass.yaml).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ EXTRAS = {"gpu": {"numaNode"}, "mig": {"numaNode"}, "efa": set(),
 UPSTREAM_CLASS_SELECTORS = {
     "gpu.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
     "mig.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
-    "efa.networking.k8s.aws": "device.attributes[\"dra.net\"].pciDevice == 'Elastic Fabric Adapter (EFA)'",
+    "efa.networking.k8s.aws": "device.driver == \"dra.net\" &&\ndevice.attributes[\"dra.net\"].pciDevice == 'Elastic Fabric Adapter (EFA)'\n",
     "neuron.aws.com": 'device.driver == "neuron.aws.com"',
 }
 
