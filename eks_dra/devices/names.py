@@ -42,6 +42,13 @@ class DriverNames:
     def for_family(self, family: Family) -> str:
         return getattr(self, family)
 
+    def family_of(self, driver: str) -> Family:
+        """The family a driver name of these names serves; ValueError for another driver."""
+        for family in FAMILIES:
+            if self.for_family(family) == driver:
+                return family
+        raise ValueError(f"{driver} is none of the drivers {', '.join(self.for_family(f) for f in FAMILIES)}")
+
     def class_name(self, kind: DeviceKind) -> str:
         """The DeviceClass of `gpu`, `mig`, `efa` or `neuron` devices: the upstream class while the family
         keeps the upstream driver name, otherwise named after the driver (`mig.<gpu driver>` for MIG)."""

@@ -86,6 +86,11 @@ def neuron_device_name(index: int) -> str:
     return f"neurondevice{index}"
 
 
+def neuron_device_index(name: str) -> int:
+    """The device id (/dev/neuron<N>) in a name of neuron_device_name."""
+    return int(name.removeprefix("neurondevice"))
+
+
 def neuron_device(f: NeuronFacts, device_count: int) -> Device:
     x, y = topology_xy(f.index, device_count)
     attrs: dict = {
