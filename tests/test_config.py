@@ -138,6 +138,22 @@ def test_our_driver_and_the_vendors_never_share_a_name(tmp_path):
     assert (env.drivers.names.efa, env.drivers.names.neuron) == ("dra.net", "neuron.aws.com")
 
 
+GB200 = "  - {name: gb200, instanceType: p6e-gb200.36xlarge, capacity: 'capacity-block:cr-0123456789abcdef0', " \
+        "availabilityZone: us-east-2a}\n"
+
+
+def test_compute_domains_need_the_vendor_gpu_driver_and_gb200(tmp_path):
+    body = "region: us-east-2\nnodeGroups:\n" + SYSTEM + GB200
+    env = load(tmp_path, "computeDomains: true\ndrivers: {gpu: upstream}\n" + body)
+    assert env.compute_domains and not load(tmp_path, body).compute_domains
+    assert "computeDomains: ComputeDomains come from the NVIDIA driver's ComputeDomain controller, which eks-dra's " \
+           "GPU driver does not have: set drivers.gpu: upstream" in error(tmp_path, "computeDomains: true\n" + body)
+    no_gb200 = "region: us-east-2\ncomputeDomains: true\ndrivers: {gpu: upstream}\nnodeGroups:\n" + SYSTEM + \
+        "  - {name: p5, instanceType: p5.48xlarge}\n"
+    assert "computeDomains: needs a p6e-gb200 node group" in error(tmp_path, no_gb200)
+    assert "computeDomains: must be" in error(tmp_path, "computeDomains: yes please\ndrivers: {gpu: upstream}\n" + body)
+
+
 def test_existing_vpc(tmp_path):
     env = load(tmp_path, """\
         region: us-east-2

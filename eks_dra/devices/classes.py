@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import efa, gpu
-from .names import DEVICE_KINDS, UPSTREAM_CLASSES, UPSTREAM_DRIVER_NAMES, DeviceKind, DriverNames
+from .names import DEVICE_KINDS, FAMILIES, UPSTREAM_CLASSES, UPSTREAM_DRIVER_NAMES, DeviceKind, DriverNames
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class DeviceClasses:
 
     def driver_names(self) -> DriverNames:
         """The name each family's devices are published under in this environment."""
-        return DriverNames(**{f: self.driver(f) for f in ("gpu", "efa", "neuron")})
+        return DriverNames(**{f: self.driver(f) for f in FAMILIES})
 
     def class_name(self, kind: str) -> str:
         """Class for `gpu`, `mig`, `efa` or `neuron` devices."""

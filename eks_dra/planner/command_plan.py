@@ -17,6 +17,7 @@ from pathlib import Path
 
 from eks_dra.devices import FAMILIES
 from eks_dra.devices.classes import DeviceClasses
+from eks_dra.devices.names import COMPUTE_DOMAIN_CLASSES, COMPUTE_DOMAIN_DRIVER
 from eks_dra.errors import UserError
 
 from .cel_env import CelEnvironment
@@ -48,6 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 DEFAULT_KUBERNETES_VERSION = "1.34"
+COMPUTE_DOMAIN_CONTROLLER = f"the NVIDIA ComputeDomain controller ({COMPUTE_DOMAIN_DRIVER})"
 
 
 def _kubernetes_version(text: str) -> str:
@@ -83,6 +85,7 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
         if args.kubernetes_version:
             raise UserError("--kubernetes-version comes from the environment with -c env=NAME (kubernetesVersion)")
         version = environment.kubernetes_version
+        compute_domains = environment.compute_domains
         classes = environment_classes(environment)
         nodes = nodes_for_environment(environment)
         files = args.claims
@@ -101,6 +104,7 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
             raise UserError("--claims FILE... is required with --instance-type and --slices")
         classes = DeviceClasses({}, driver_names(args.driver_name))
         version = args.kubernetes_version or DEFAULT_KUBERNETES_VERSION
+        compute_domains = False
         if args.slices:
             nodes = nodes_from_slices([(d.obj, str(d.source(namespaced=False))) for d in read_documents(args.slices)
                                        if d.kind == "ResourceSlice"])
@@ -109,7 +113,9 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
                                             mig_profile=args.mig_profile)
         files = args.claims
     env = CelEnvironment()
-    manifests = load_manifests(list(files), env, builtin_classes=tuple(classes.all()))
+    external = {c: COMPUTE_DOMAIN_CONTROLLER for c in COMPUTE_DOMAIN_CLASSES} if compute_domains else {}
+    manifests = load_manifests(list(files), env, builtin_classes=tuple(classes.all()), external_classes=external,
+                               compute_domains=COMPUTE_DOMAIN_CONTROLLER if compute_domains else None)
     ours = {classes.driver(f): f for f in FAMILIES if not classes.upstream(f)}
     result = Planner(env, nodes, config_drivers=ours, kubernetes_version=version).run(manifests.pods)
     result.warnings.extend(manifests.skipped)
