@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 
 from eks_dra.errors import UserError
@@ -55,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `eks-dra plan | head`: the reader is gone; end quietly, as a shell tool does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush of stdout must not fail again
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -172,6 +172,8 @@ class EnvironmentConfig:
     warnings: tuple[str, ...] = ()
     # IAM role ARNs given cluster-admin access entries (AmazonEKSClusterAdminPolicy).
     cluster_admin_role_arns: tuple[str, ...] = ()
+    # NVIDIA ComputeDomains (IMEX) in the vendor's GPU chart; needs drivers.gpu: upstream and a p6e-gb200 group.
+    compute_domains: bool = False
 
     def dra_node_groups(self, family: str) -> tuple[NodeGroupConfig, ...]:
         return tuple(g for g in self.node_groups if family in g.families and g.manager(family) == "dra")
@@ -333,7 +335,7 @@ class _Loader:
     def environment(self, data: dict) -> EnvironmentConfig:
         top = _Fields(self, data, "", (
             "account", "region", "clusterName", "kubernetesVersion", "vpc", "protected", "nodeGroups",
-            "drivers", "driverImage", "clusterAdminRoleArns", "autoMode", "karpenter",
+            "drivers", "driverImage", "clusterAdminRoleArns", "autoMode", "karpenter", "computeDomains",
         ))
         self._reject_dynamic_capacity(top)
         account = top.get("account", (str, int))
@@ -356,6 +358,7 @@ class _Loader:
         groups = tuple(self._node_group(g, f"nodeGroups[{i}]", region, vpc) for i, g in enumerate(raw_groups))
         self._check_groups_together(groups)
         driver_image = top.get("driverImage", str)
+        compute_domains = self._compute_domains(top, drivers, groups)
         admins = top.get("clusterAdminRoleArns", list, [])
         for i, arn in enumerate(admins):
             if not isinstance(arn, str) or not re.match(r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/.+", arn):
@@ -371,8 +374,18 @@ class _Loader:
             name=self.env_name, source=self.path, account=account, region=region, cluster_name=cluster_name,
             kubernetes_version=version, vpc=vpc, protected=top.get("protected", bool, False), node_groups=groups,
             drivers=drivers, driver_image=driver_image, warnings=tuple(self.warnings),
-            cluster_admin_role_arns=tuple(admins),
+            cluster_admin_role_arns=tuple(admins), compute_domains=compute_domains,
         )
+
+    def _compute_domains(self, top: _Fields, drivers: DriversConfig, groups: tuple[NodeGroupConfig, ...]) -> bool:
+        enabled = top.get("computeDomains", bool, False)
+        if enabled and drivers.gpu != "upstream":
+            self.fail("computeDomains", "ComputeDomains come from the NVIDIA driver's ComputeDomain controller, "
+                      "which eks-dra's GPU driver does not have: set drivers.gpu: upstream")
+        if enabled and not any(g.instance_type.startswith("p6e-gb200") for g in groups):
+            self.fail("computeDomains", "needs a p6e-gb200 node group: a ComputeDomain spans a Multi-Node NVLink "
+                      "(IMEX) domain, which only GB200 UltraServers have")
+        return enabled
 
     def _reject_dynamic_capacity(self, top: _Fields) -> None:
         if top.get("autoMode", bool, False):
@@ -456,8 +469,6 @@ class _Loader:
                 self.fail(f"drivers.names.{fam}", f"{value!r} must be a DNS subdomain with a dot "
                           "(e.g. gpu.example.com), at most 63 characters")
             names[fam] = value
-        if len(set(names.values())) != len(names):
-            self.fail("drivers.names", "each device family needs its own driver name")
         for fam in FAMILIES:
             if impl[fam] == "upstream" and fam in names_data:
                 self.fail(f"drivers.names.{fam}", f"drivers.{fam} is upstream: the vendor's driver is always named "
@@ -466,6 +477,8 @@ class _Loader:
             if impl[fam] == "python" and taken:
                 self.fail(f"drivers.names.{fam}", f"{names[fam]!r} is the name of the upstream {taken[0]} driver that "
                           f"drivers.{taken[0]}: upstream installs; two drivers cannot share one name in a cluster")
+        if len(set(names.values())) != len(names):
+            self.fail("drivers.names", "each device family needs its own driver name")
         return DriversConfig(names=DriverNames(**names), **impl)
 
     # --- node groups ---

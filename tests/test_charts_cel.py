@@ -15,7 +15,8 @@ from eks_dra.devices import simulate_node
 UPSTREAM_CLASSES = {
     "gpu.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
     "mig.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
-    "efa.networking.k8s.aws": "device.driver == 'dra.net'",
+    # aws/eks-charts stable/aws-dranet/templates/deviceclass.yaml @ 79203dcc, verbatim
+    "efa.networking.k8s.aws": "device.driver == \"dra.net\" &&\ndevice.attributes[\"dra.net\"].pciDevice == 'Elastic Fabric Adapter (EFA)'\n",
     "neuron.aws.com": "device.driver == 'neuron.aws.com'",
 }
 

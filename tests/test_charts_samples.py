@@ -204,3 +204,20 @@ def test_driver_image_override() -> None:
     chart = next(c for c in app.charts if c.node.id == "eks-dra-driver-gpu")
     ds = next(o for o in chart.to_json() if o["kind"] == "DaemonSet")
     assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == "123.dkr.ecr.us-east-2.amazonaws.com/eks-dra:abc"
+
+
+def test_compute_domains_turn_on_the_nvidia_controller_and_ship_the_ultraserver_sample() -> None:
+    """fixture/gb200: drivers.gpu upstream + computeDomains: the chart's ComputeDomain controller on, and the
+    EKS UltraServer page's ComputeDomain with a pod claiming its channel (the CRD schema check is in test_charts)."""
+    (spec,) = upstream_helm_charts(environment("fixture/gb200"))
+    assert spec.id == "dra-driver-nvidia-gpu" and spec.values["resources"]["computeDomains"] == {"enabled": True}
+    (plain,) = [s for s in upstream_helm_charts(environment("fixture/upstream")) if s.id == "dra-driver-nvidia-gpu"]
+    assert plain.values["resources"]["computeDomains"] == {"enabled": False}  # the guide's GPU-only install
+    _, docs = synthesized("fixture/gb200")
+    (domain,) = of_kind(docs, "ComputeDomain")
+    assert domain["apiVersion"] == "resource.nvidia.com/v1beta1"
+    channel = domain["spec"]["channel"]["resourceClaimTemplate"]["name"]
+    pod = next(p for p in of_kind(docs, "Pod") if p["metadata"]["name"] == "compute-domain")
+    assert {"name": "channel", "resourceClaimTemplateName": channel} in pod["spec"]["resourceClaims"]
+    assert "compute-domain" in _samples("fixture/gb200")
+    assert not [d for d in synthesized("fixture/upstream")[1] if d["kind"] == "ComputeDomain"]

@@ -126,6 +126,34 @@ def test_upstream_drivers_get_no_readiness_taint(tmp_path):
     assert "dra.net/not-ready" in keys and "nvidia.com/gpu" in keys
 
 
+def test_our_driver_and_the_vendors_never_share_a_name(tmp_path):
+    # The vendor's driver is always named as upstream: naming it is an error, as is one of ours taking that name.
+    body = "nodeGroups:\n" + SYSTEM + "  - {name: p5, instanceType: p5.48xlarge}\n"
+    assert "drivers.names.gpu: drivers.gpu is upstream: the vendor's driver is always named gpu.nvidia.com; remove " \
+           "this name" in error(tmp_path, "drivers: {gpu: upstream, names: {gpu: gpu.example.com}}\n" + body)
+    assert "drivers.names.efa: 'gpu.nvidia.com' is the name of the upstream gpu driver that drivers.gpu: upstream " \
+           "installs; two drivers cannot share one name in a cluster" in error(
+               tmp_path, "drivers: {gpu: upstream, names: {efa: gpu.nvidia.com}}\n" + body)
+    env = load(tmp_path, "drivers: {gpu: upstream}\n" + body)  # our EFA and Neuron drivers keep their names
+    assert (env.drivers.names.efa, env.drivers.names.neuron) == ("dra.net", "neuron.aws.com")
+
+
+GB200 = "  - {name: gb200, instanceType: p6e-gb200.36xlarge, capacity: 'capacity-block:cr-0123456789abcdef0', " \
+        "availabilityZone: us-east-2a}\n"
+
+
+def test_compute_domains_need_the_vendor_gpu_driver_and_gb200(tmp_path):
+    body = "region: us-east-2\nnodeGroups:\n" + SYSTEM + GB200
+    env = load(tmp_path, "computeDomains: true\ndrivers: {gpu: upstream}\n" + body)
+    assert env.compute_domains and not load(tmp_path, body).compute_domains
+    assert "computeDomains: ComputeDomains come from the NVIDIA driver's ComputeDomain controller, which eks-dra's " \
+           "GPU driver does not have: set drivers.gpu: upstream" in error(tmp_path, "computeDomains: true\n" + body)
+    no_gb200 = "region: us-east-2\ncomputeDomains: true\ndrivers: {gpu: upstream}\nnodeGroups:\n" + SYSTEM + \
+        "  - {name: p5, instanceType: p5.48xlarge}\n"
+    assert "computeDomains: needs a p6e-gb200 node group" in error(tmp_path, no_gb200)
+    assert "computeDomains: must be" in error(tmp_path, "computeDomains: yes please\ndrivers: {gpu: upstream}\n" + body)
+
+
 def test_existing_vpc(tmp_path):
     env = load(tmp_path, """\
         region: us-east-2

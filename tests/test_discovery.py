@@ -11,6 +11,7 @@ from test_discovery_fakes import FakeNvml
 from eks_dra.catalog import INSTANCE_TYPES, get_instance_type
 from eks_dra.devices import FAMILIES, PCIE_ROOT, node_facts, simulate_node
 from eks_dra.devices.gpu import DEFAULT_DRIVER_VERSION, PARENT_UUID
+from eks_dra.devices.neuron import neuron_device_name
 from eks_dra.drivers import discovery
 from eks_dra.drivers import nvml as nvml_module
 from eks_dra.drivers.discovery import DiscoveryError, discover, pcie_root
@@ -78,9 +79,11 @@ def test_discovered_devices_carry_nodes_env_and_parents(tmp_path):
     assert {"hostPath": libcuda, "containerPath": libcuda, "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"]} \
         in gpu.common_edits["mounts"]
     efa = discover("efa", root, NODE)
-    nodes = sorted(n for d in efa.devices for n in d.device_nodes)
-    assert len(set(nodes)) == 32 and all(n.startswith("/dev/infiniband/uverbs") for n in nodes)
-    neuron = discover("neuron", write_fixture("trn2.48xlarge", tmp_path / "t"), NODE).by_name()["neuron-5"]
+    # Each EFA: the RDMA connection manager and its own verbs device, as DRANET's container edits.
+    assert all(d.device_nodes[0] == "/dev/infiniband/rdma_cm" and len(d.device_nodes) == 2 for d in efa.devices)
+    verbs = {d.device_nodes[1] for d in efa.devices}
+    assert len(verbs) == 32 and all(n.startswith("/dev/infiniband/uverbs") for n in verbs)
+    neuron = discover("neuron", write_fixture("trn2.48xlarge", tmp_path / "t"), NODE).by_name()[neuron_device_name(5)]
     assert neuron.device_nodes == ["/dev/neuron5"] and neuron.env == {"AWS_NEURON_VISIBLE_DEVICES": "5"}
 
 

@@ -11,6 +11,7 @@ from drivers.fake_kube import FakeKube
 from drivers.harness import DRIVERS, Sandbox, make_claim, short_tmp, wait_for
 
 from eks_dra.devices import Device
+from eks_dra.devices.neuron import neuron_device_name
 from eks_dra.drivers import fixture
 from eks_dra.drivers.kube import KubeApi, api_client
 from eks_dra.drivers.metrics import DriverMetrics
@@ -283,7 +284,7 @@ def test_neuron_error_counter_withdraws_device(cluster):
     wait_for(lambda: kube.device_count("node-t", NEURON) == 16, what="slices")
     t0 = time.monotonic()
     fixture.set_neuron_error(n.host, 5, 3)
-    wait_for(lambda: "neuron-5" not in devices_in(kube, "node-t", NEURON), timeout=10, what="withdrawn")
+    wait_for(lambda: neuron_device_name(5) not in devices_in(kube, "node-t", NEURON), timeout=10, what="withdrawn")
     assert time.monotonic() - t0 < 10
     fixture.set_neuron_error(n.host, 5, 0)
     wait_for(lambda: kube.device_count("node-t", NEURON) == 16, timeout=10, what="restored")

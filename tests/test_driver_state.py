@@ -12,6 +12,7 @@ import pytest
 from drivers.fake_kube import FakeKube
 from drivers.harness import DRIVERS, Node, kubelet_for, make_claim, short_tmp, start_driver
 
+from eks_dra.devices.neuron import neuron_device_name
 from eks_dra.drivers import configs
 from eks_dra.drivers.gpu.fixture_root import FIXTURE_SMI_LOG
 
@@ -119,7 +120,7 @@ def test_neuron_lnc_environment(trn2):
     kube, node, driver, kubelet = trn2
     cfg = {"source": "FromClaim", "requests": [], "opaque": {"driver": NEURON, "parameters": {
         "apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1}}}
-    claim, entry = prepare_one(kube, kubelet, make_claim(NEURON, "node-t", ["neuron-2", "neuron-3"], configs=[cfg]))
+    claim, entry = prepare_one(kube, kubelet, make_claim(NEURON, "node-t", [neuron_device_name(2), neuron_device_name(3)], configs=[cfg]))
     assert entry.error == ""
     spec = json.loads((node.cdi / f"k8s.{NEURON}-claim_{claim['metadata']['uid']}.json").read_text())
     env = spec["containerEdits"]["env"]
@@ -127,7 +128,7 @@ def test_neuron_lnc_environment(trn2):
     assert "NEURON_RT_VISIBLE_CORES=16-31" in env  # 8 physical cores per Trainium2, devices 2 and 3
     assert [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]] == ["/dev/neuron2"]
     kubelet.unprepare([claim])
-    claim, entry = prepare_one(kube, kubelet, make_claim(NEURON, "node-t", ["neuron-4"]))
+    claim, entry = prepare_one(kube, kubelet, make_claim(NEURON, "node-t", [neuron_device_name(4)]))
     spec = json.loads((node.cdi / f"k8s.{NEURON}-claim_{claim['metadata']['uid']}.json").read_text())
     assert "NEURON_LOGICAL_NC_CONFIG=2" in spec["containerEdits"]["env"]  # Trainium2 default
     assert "NEURON_RT_VISIBLE_CORES=16-19" in spec["containerEdits"]["env"]

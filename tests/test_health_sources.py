@@ -6,6 +6,7 @@ import pytest
 from test_discovery_fakes import FakeNvml
 
 from eks_dra.devices import node_facts
+from eks_dra.devices.neuron import neuron_device_name
 from eks_dra.drivers.discovery import discover
 from eks_dra.drivers.fixture import set_efa_port_state, set_gpu_xid, set_neuron_error, write_fixture
 from eks_dra.drivers.health_sources import HealthMonitor, efa_port_health, neuron_health
@@ -56,8 +57,8 @@ def test_neuron_error_counter_is_unhealthy_until_cleared(tmp_path):
     assert _unhealthy(monitor.poll()) == {}
     set_neuron_error(root, 9, 3)
     bad = _unhealthy(monitor.poll())
-    assert list(bad) == ["neuron-9"] and "mem_ecc_uncorrected=3" in bad["neuron-9"]
-    assert not discover("neuron", root, NODE).by_name()["neuron-9"].healthy
+    assert list(bad) == [neuron_device_name(9)] and "mem_ecc_uncorrected=3" in bad[neuron_device_name(9)]
+    assert not discover("neuron", root, NODE).by_name()[neuron_device_name(9)].healthy
     set_neuron_error(root, 9, 0)
     assert _unhealthy(monitor.poll()) == {}
 

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from eks_dra import cli
+from eks_dra.devices.neuron import neuron_device_name
 from eks_dra.planner.cel_env import CelEnvironment
 from eks_dra.planner.claims import load_manifests
 from eks_dra.planner.plan import Planner, PlanResult
@@ -190,18 +191,19 @@ def _neuron_group(size: int, neurons: int, efas: int) -> dict:
 
 @pytest.mark.parametrize(("instance_type", "size", "efas", "expected_efa"), [
     # trn2: one EFA per Neuron device (neurons 0-3 on EFA buses c9, b4, b3, ca; 4-7 on 6c, 57, 56, 6d).
-    ("trn2.48xlarge", 4, 4, ["b3", "b4", "c9", "ca"]),
-    ("trn2.48xlarge", 8, 8, ["56", "57", "6c", "6d", "b3", "b4", "c9", "ca"]),
-    # trn1: two Neuron devices per EFA (neurons 0-3 on EFAs 11 and 12 under root 10, 4-7 on 21, 22).
-    ("trn1.32xlarge", 4, 2, ["11", "12"]),
-    ("trn1.32xlarge", 8, 4, ["11", "12", "21", "22"]),
+    ("trn2.48xlarge", 4, 4, ["b3-00", "b4-00", "c9-00", "ca-00"]),
+    ("trn2.48xlarge", 8, 8, ["56-00", "57-00", "6c-00", "6d-00", "b3-00", "b4-00", "c9-00", "ca-00"]),
+    # trn1: two Neuron devices per EFA (lookup/neuron/trn1.json: neurons 0-3 on 10:1a and a0:1a, 4-7 add
+    # 20:19 and 90:19).
+    ("trn1.32xlarge", 4, 2, ["10-1a", "a0-1a"]),
+    ("trn1.32xlarge", 8, 4, ["10-1a", "20-19", "90-19", "a0-1a"]),
 ])
 def test_neuron_groups_with_their_efa(tmp_path, instance_type, size, efas, expected_efa):
     result = plan(tmp_path, instance_type, _neuron_group(size, size, efas))
-    # Devices are walked in slice (name) order: neuron-0, neuron-1, neuron-10, ...; the group id of neuron-0
-    # keeps neuron-10.. out.
+    # Devices are walked in slice (name) order: neurondevice0, neurondevice1, neurondevice10, ...; the group id of device 0
+    # keeps devices 10.. out.
     assert devices_of(result, f"group{size}") == (
-        [("neuron", f"neuron-{i}") for i in range(size)] + [("efa", f"efa-0000-{b}-00-0") for b in expected_efa])
+        [("neuron", neuron_device_name(i)) for i in range(size)] + [("efa", f"efa-0000-{b}-0") for b in expected_efa])
 
 
 def test_neuron_group_needing_more_efa_than_wired(tmp_path):
@@ -292,7 +294,7 @@ def test_quantity_and_semver_selectors(tmp_path):
         "device.attributes['gpu.nvidia.com'].driverVersion.isLessThan(semver('v600', true))",
         "!('nvlinkDomain' in device.attributes['gpu.nvidia.com'])",
         "size(device.attributes['vendor.example.com']) == 0",
-        "cel.bind(a, device.attributes['gpu.nvidia.com'], a.index >= 0 && a.architecture == 'Hopper')",
+        "cel.bind(a, device.attributes['gpu.nvidia.com'], a.numaNode >= 0 && a.architecture == 'Hopper')",
     )))
     assert len(devices_of(plan(tmp_path, "p5.48xlarge", doc), "cel")) == 8
     assert reason_of(plan(tmp_path, "p4d.24xlarge", doc), "cel") == (
@@ -304,7 +306,47 @@ def test_unknown_attribute_is_an_evaluation_error(tmp_path):
     doc = claim("typo", exact("gpu", "gpu.nvidia.com", selectors=("device.attributes['gpu.nvidia.com'].model == 'x'",)))
     reason = reason_of(plan(tmp_path, "p5.48xlarge", doc), "typo")
     assert reason.endswith("spec.devices.requests[0].exactly.selectors[0].cel.expression: CEL runtime error on "
-                           "device gpu-0 of node p5.48xlarge-0: no such key: model")
+                           "device gpu-0 of node p5.48xlarge-0: no attribute model on gpu.nvidia.com devices; their "
+                           "attributes: architecture, brand, cudaComputeCapability, cudaDriverVersion, driverVersion, "
+                           "numaNode, productName, type, uuid")
+
+
+def test_an_attribute_that_is_a_capacity_says_so(tmp_path):
+    doc = claim("mem", exact("gpu", "gpu.nvidia.com", selectors=(
+        "device.attributes['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0",)))
+    reason = reason_of(plan(tmp_path, "p5.48xlarge", doc), "mem")
+    assert "no attribute memory on gpu.nvidia.com devices (it is a capacity: use " \
+           "device.capacity['gpu.nvidia.com'].memory); their attributes: architecture," in reason
+    missing_capacity = claim("cap", exact("gpu", "gpu.nvidia.com", selectors=(
+        "device.capacity['gpu.nvidia.com'].sms.compareTo(quantity('1')) >= 0",)))
+    assert reason_of(plan(tmp_path, "p5.48xlarge", missing_capacity), "cap").endswith(
+        "no capacity sms on gpu.nvidia.com devices; their capacities: memory")
+
+
+FIRST_AVAILABLE_17_OR_8 = claim("big-or-half", {"name": "neurons", "firstAvailable": [
+    {"name": "seventeen", "deviceClassName": "neuron.aws.com", "count": 17},
+    {"name": "eight", "deviceClassName": "neuron.aws.com", "count": 8}]})
+
+
+def test_first_available_times_out_on_1_34_as_measured(tmp_path):
+    # Measured on the real 1.34.12 scheduler: never scheduled (kubernetes/kubernetes#131730).
+    result = plan(tmp_path, "trn2.48xlarge", FIRST_AVAILABLE_17_OR_8)
+    reason = reason_of(result, "big-or-half")
+    assert "on Kubernetes 1.34 never scheduled on trn2.48xlarge: subrequest neurons/seventeen asks for 17 of the 16" \
+           in reason and "kubernetes/kubernetes#131730" in reason
+    # Fewer than ten candidates (inf2.24xlarge: 6) end the search in time: the documented answer.
+    few = claim("few", {"name": "n", "firstAvailable": [
+        {"name": "seven", "deviceClassName": "neuron.aws.com", "count": 7},
+        {"name": "one", "deviceClassName": "neuron.aws.com", "count": 1}]})
+    assert devices_of(plan(tmp_path, "inf2.24xlarge", few), "few") == [("n/one", neuron_device_name(0))]
+
+
+def test_first_available_keeps_the_documented_answer_where_fixed(tmp_path, capsys):
+    path = _write(tmp_path, "fa.yaml", yaml.safe_dump(FIRST_AVAILABLE_17_OR_8))
+    assert cli.main(["plan", "--instance-type", "trn2.48xlarge", "--kubernetes-version", "1.35", "--claims",
+                     str(path), "--output", "json"]) == 0
+    claim_out = json.loads(capsys.readouterr().out)["claims"][0]
+    assert claim_out["allocated"] and {d["request"] for d in claim_out["devices"]} == {"neurons/eight"}
 
 
 def test_match_attribute_on_a_driver_attribute_given_fully_qualified(tmp_path):

@@ -188,3 +188,41 @@ def test_unknown_class_is_bad_input_naming_the_known_ones(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "device class gpu.nvidia.co not found" in err and "efa.networking.k8s.aws" in err
+
+
+def test_compute_domain_channels_are_reported_as_the_vendor_controllers(tmp_path, capsys):
+    # The UltraServer sample: a ComputeDomain, its channel template (made by NVIDIA's controller) and GPUs.
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "gb.yaml").write_text(
+        "region: us-east-2\ndrivers: {gpu: upstream}\ncomputeDomains: true\nnodeGroups:\n"
+        "  - {name: system, instanceType: m7i.xlarge}\n"
+        "  - {name: gb, instanceType: p6e-gb200.36xlarge, capacity: 'capacity-block:cr-0123456789abcdef0', "
+        "availabilityZone: us-east-2a}\n")
+    domain = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+              "metadata": {"name": "imex", "namespace": "ml"},
+              "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": "imex-channel"}}}}
+    gpus = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "four-gpus", "namespace": "ml"}, "spec": {"spec": {"devices": {"requests": [
+                {"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 4}}]}}}}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "worker", "namespace": "ml"},
+           "spec": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}], "containers": [],
+                    "resourceClaims": [{"name": "channel", "resourceClaimTemplateName": "imex-channel"},
+                                       {"name": "gpus", "resourceClaimTemplateName": "four-gpus"}]}}
+    channel_claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                     "metadata": {"name": "daemon", "namespace": "ml"}, "spec": {"devices": {"requests": [
+                         {"name": "d", "exactly": {"deviceClassName": "compute-domain-daemon.nvidia.com"}}]}}}
+    claims = tmp_path / "cd.yaml"
+    claims.write_text(yaml.safe_dump_all([domain, gpus, pod, channel_claim]))
+    code = cli.main(["plan", "-c", "env=gb", "--config-dir", str(config), "--claims", str(claims)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "ml/worker-gpus  gb-0" in out and "1 of 1 claims allocated" in out
+    assert "Pod ml/worker: claim channel (ResourceClaimTemplate imex-channel, the channel of ComputeDomain imex) is " \
+           "served by the NVIDIA ComputeDomain controller (compute-domain.nvidia.com); not simulated" in out
+    assert "ResourceClaim ml/daemon: not planned: DeviceClass compute-domain-daemon.nvidia.com is served by the " \
+           "NVIDIA ComputeDomain controller (compute-domain.nvidia.com)" in out
+    # Without computeDomains the channel template is simply missing: bad input, as before.
+    (config / "plain.yaml").write_text((config / "gb.yaml").read_text().replace("computeDomains: true\n", ""))
+    assert cli.main(["plan", "-c", "env=plain", "--config-dir", str(config), "--claims", str(claims)]) == 2
+    assert "device class compute-domain-daemon.nvidia.com not found" in capsys.readouterr().err

@@ -113,9 +113,30 @@ _EC2: tuple[tuple[str, str, int, int, str, int, bool, int, int, int], ...] = (
 _P5_ROOTS = (0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xAA, 0xBB)
 _G6E_ROOTS = (0x9D, 0x9F, 0xA1, 0xA3, 0xC5, 0xC7, 0xC9, 0xCB)
 _G6_ROOTS = (0x9E, 0xA0, 0xA2, 0xA4, 0xAE, 0xB0, 0xB2, 0xB3)
+# The EFA function (BDF) wired to each Neuron device, by device id: lookup/neuron/{trn1,trn1n,trn2}.json of
+# aws-neuron/connected-device-maps-over-efa-for-neuron @ 2eb56e48a3f8af8e13478e3d48df2a1874f04fd7 (the tables
+# DRANET and the Neuron driver hash into resource.aws.com/devicegroupN_id). Its efa-enabled-instances.json
+# lists trn1.32xlarge, trn1n.32xlarge and trn2.48xlarge (not trn1.2xlarge or trn2.3xlarge).
+NEURON_EFA_BDFS: dict[str, tuple[str, ...]] = {
+    "trn1": (
+        "0000:10:1a.0", "0000:10:1a.0", "0000:a0:1a.0", "0000:a0:1a.0", "0000:20:19.0", "0000:20:19.0",
+        "0000:90:19.0", "0000:90:19.0", "0000:20:1a.0", "0000:20:1a.0", "0000:90:1a.0", "0000:90:1a.0",
+        "0000:10:19.0", "0000:10:19.0", "0000:a0:19.0", "0000:a0:19.0",
+    ),
+    "trn1n": (
+        "0000:10:17.0", "0000:10:1a.0", "0000:a0:17.0", "0000:a0:1a.0", "0000:20:19.0", "0000:20:18.0",
+        "0000:90:19.0", "0000:90:18.0", "0000:20:17.0", "0000:20:1a.0", "0000:90:17.0", "0000:90:1a.0",
+        "0000:10:19.0", "0000:10:18.0", "0000:a0:19.0", "0000:a0:18.0",
+    ),
+    "trn2": (
+        "0000:c9:00.0", "0000:b4:00.0", "0000:b3:00.0", "0000:ca:00.0", "0000:6c:00.0", "0000:57:00.0",
+        "0000:56:00.0", "0000:6d:00.0", "0000:98:00.0", "0000:83:00.0", "0000:82:00.0", "0000:99:00.0",
+        "0000:f5:00.0", "0000:e0:00.0", "0000:df:00.0", "0000:f6:00.0",
+    ),
+}
+NEURON_EFA_INSTANCE_TYPES = ("trn1.32xlarge", "trn1n.32xlarge", "trn2.48xlarge")
 _TRN1_ROOTS = (0x10, 0x20, 0x90, 0xA0)
-# trn2: EFA BDF bus of each Neuron device (1:1), from connected-device-maps-over-efa-for-neuron.
-_TRN2_EFA_BUSES = (0xC9, 0xB4, 0xB3, 0xCA, 0x6C, 0x57, 0x56, 0x6D, 0x98, 0x83, 0x82, 0x99, 0xF5, 0xE0, 0xDF, 0xF6)
+_TRN1_NUMA = {0x10: 0, 0x20: 0, 0x90: 1, 0xA0: 1}
 
 
 def _split_numa(roots: tuple[int, ...], nodes: int) -> dict[int, int]:
@@ -195,26 +216,29 @@ def _topology(name: str, count: int, efa_count: int):
             notes.append(f"{name}: roots taken from the 48xlarge layout (UNVERIFIED for this size)")
         return (*_gpu_topology(roots, efa, numa, 0xEFA1), (), nodes, tuple(notes))
     if fam == "trn2":
-        buses = _TRN2_EFA_BUSES[:count]
+        buses = tuple(int(bdf.split(":")[1], 16) for bdf in NEURON_EFA_BDFS["trn2"])[:count]
         numa = {b: (0 if i < max(1, count // 2) else 1) for i, b in enumerate(buses)}
         # Each Trainium2 sits beside its EFA; the Neuron function is device 01 on the EFA's bus (UNVERIFIED).
         accs = tuple(Accelerator(i, _loc(b, b, numa[b], 1)) for i, b in enumerate(buses))
         efas = tuple(EfaInterface(i, i, _loc(b, b, numa[b]), 0xEFA2) for i, b in enumerate(buses[:efa_count]))
         notes.append("trn2: PCIe roots and NUMA nodes of Neuron devices are UNVERIFIED; EFA BDFs are published")
-        return accs, efas, tuple(range(min(count, efa_count))), 2 if count > 1 else 1, tuple(notes)
+        mapping = tuple(range(count)) if name in NEURON_EFA_INSTANCE_TYPES else ()
+        return accs, efas, mapping, 2 if count > 1 else 1, tuple(notes)
     if fam in ("trn1", "trn1n"):
         if count == 1:
             return (Accelerator(0, _loc(0x11, 0x10, 0)),), (), (), 1, ()
+        # EFA functions sit on their root's bus (0000:10:1a.0 is under pci0000:10); interfaces are numbered in
+        # the order the table first names them. Neuron devices are numbered in bus order, four per root
+        # (UNVERIFIED: their addresses are not published, and the EFA map does not follow bus order).
+        bdfs = list(dict.fromkeys(NEURON_EFA_BDFS[fam]))
+        efas = tuple(EfaInterface(i, i, PciLocation(bdf, f"pci0000:{bdf.split(':')[1]}",
+                                                    _TRN1_NUMA[int(bdf.split(':')[1], 16)]), 0xEFA0)
+                     for i, bdf in enumerate(bdfs))
+        mapping = tuple(bdfs.index(bdf) for bdf in NEURON_EFA_BDFS[fam])
         buses = _BusAllocator()
-        numa = {0x10: 0, 0x20: 0, 0x90: 1, 0xA0: 1}
-        per_efa = count // efa_count  # trn1: 2 Neuron devices per EFA; trn1n: 1 (UNVERIFIED)
-        efa_roots = tuple(_TRN1_ROOTS[i * len(_TRN1_ROOTS) // efa_count] for i in range(efa_count))
-        efas = tuple(EfaInterface(i, i, _loc(buses.take(r), r, numa[r]), 0xEFA0) for i, r in enumerate(efa_roots))
-        mapping = tuple(i // per_efa for i in range(count))
-        accs = tuple(Accelerator(i, _loc(buses.take(efa_roots[mapping[i]]), efa_roots[mapping[i]],
-                                         numa[efa_roots[mapping[i]]])) for i in range(count))
-        if fam == "trn1n":
-            notes.append("trn1n: 1:1 Neuron-to-EFA mapping assumed (trn1n.json not recorded)")
+        roots = [_TRN1_ROOTS[i * len(_TRN1_ROOTS) // count] for i in range(count)]
+        accs = tuple(Accelerator(i, _loc(buses.take(r), r, _TRN1_NUMA[r])) for i, r in enumerate(roots))
+        notes.append(f"{fam}: Neuron devices' PCI addresses are UNVERIFIED; EFA BDFs are the lookup table's")
         return accs, efas, mapping, 2, tuple(notes)
     if fam == "inf2":
         # Inferentia2: no EFA; one root per device pair (UNVERIFIED).

@@ -92,7 +92,8 @@ class SamplesChart(cdk8s.Chart):
     """Sample ResourceClaims, ResourceClaimTemplates and the workloads that use them."""
 
     def __init__(self, scope: Construct, id: str, *, groups: list[NodeGroupDevices], classes: DeviceClasses,
-                 namespace: str = labels.SAMPLES_NAMESPACE, image: str = SAMPLE_IMAGE) -> None:
+                 namespace: str = labels.SAMPLES_NAMESPACE, image: str = SAMPLE_IMAGE,
+                 compute_domains: bool = False) -> None:
         super().__init__(scope, id, disable_resource_name_hashes=True)
         self.ns = namespace
         self.image = image
@@ -123,6 +124,9 @@ class SamplesChart(cdk8s.Chart):
                             and efas_per_group4(g) > 0)
         if neuron_efa:
             self._neuron_efa_aligned(neuron_efa)
+        gb200 = _first(groups, lambda g: g.instance_type.startswith("p6e-gb200") and g.dra("gpu") and bool(g.full_gpus()))
+        if compute_domains and gb200 and classes.upstream("gpu"):
+            self._compute_domain()
         for family in ("gpu", "efa", "neuron"):
             if any(g.managers.get(family) == labels.MANAGER_DEVICE_PLUGIN for g in groups):
                 self._device_plugin_pod(family)
@@ -162,13 +166,17 @@ class SamplesChart(cdk8s.Chart):
 
     def _pod_spec(self, *, template: str | None = None, claim: str | None = None, restart: str = "Never",
                   seconds: int = 3600, extended: dict[str, int] | None = None,
-                  node_group: str | None = None) -> k8s.PodSpec:
+                  node_group: str | None = None, more_templates: dict[str, str] | None = None) -> k8s.PodSpec:
+        """`more_templates`: further pod claims, pod claim name -> ResourceClaimTemplate."""
         pod_claims = None
         container_claims = None
         if template or claim:
             pod_claims = [k8s.PodResourceClaim(name="devices", resource_claim_template_name=template,
                                                resource_claim_name=claim)]
             container_claims = [k8s.ResourceClaim(name="devices")]
+        for pod_claim, more in (more_templates or {}).items():
+            pod_claims = [*(pod_claims or []), k8s.PodResourceClaim(name=pod_claim, resource_claim_template_name=more)]
+            container_claims = [*(container_claims or []), k8s.ResourceClaim(name=pod_claim)]
         limits = {k: k8s.Quantity.from_number(v) for k, v in (extended or {}).items()}
         return k8s.PodSpec(
             restart_policy=restart,
@@ -296,6 +304,24 @@ class SamplesChart(cdk8s.Chart):
                       k8s.DeviceRequest(name="efas", exactly=self._exact(self.classes.class_name("efa"), efas))],
             constraints=[k8s.DeviceConstraint(requests=["neurons", "efas"], match_attribute=DEVICE_GROUP4)]))
         self._pod("neuron-efa-aligned", "neuron-efa-aligned", template="neuron-efa-aligned")
+
+    def _compute_domain(self) -> None:
+        """The IMEX sample of the EKS UltraServer page: a ComputeDomain (its controller, from the NVIDIA chart,
+        creates the channel ResourceClaimTemplate) and a pod holding a channel and a GPU. The page runs
+        nvbandwidth as an MPIJob (4 GPUs per worker), which needs the MPI operator; the pod keeps its claims."""
+        name = "compute-domain"
+        channel = f"{name}-channel"
+        domain = cdk8s.ApiObject(self, f"{name}-domain", api_version=names.COMPUTE_DOMAIN_API_VERSION,
+                                 kind=names.COMPUTE_DOMAIN_KIND,
+                                 metadata=cdk8s.ApiObjectMetadata(name=name, namespace=self.ns, labels={
+                                     **labels.app_labels(name, "sample"), "eks-dra.io/sample": name}))
+        # A custom resource: cdk8s has no typed class for it, so its spec goes in as a JSON patch.
+        domain.add_json_patch(cdk8s.JsonPatch.add("/spec", {"numNodes": 0,
+                                                           "channel": {"resourceClaimTemplate": {"name": channel}}}))
+        self._template(f"{name}-gpu", name, k8s.DeviceClaim(requests=[k8s.DeviceRequest(
+            name="gpu", exactly=self._exact(self.classes.class_name("gpu"), 1))]))
+        k8s.KubePod(self, f"{name}-pod", metadata=self._meta(name, name),
+                    spec=self._pod_spec(template=f"{name}-gpu", more_templates={"channel": channel}))
 
     def _device_plugin_pod(self, family: str) -> None:
         """The device-plugin alternative: an extended resource; the scheduler finds the plugin's nodes."""

@@ -8,7 +8,7 @@ charts create their own DeviceClasses (`gpu.nvidia.com`, `mig.nvidia.com`, `efa.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import labels
@@ -76,6 +76,14 @@ def neuron_dra_driver() -> HelmChartSpec:
         namespace="neuron-dra-driver",
         values={"devicePlugin": {"enabled": False}, "npd": {"enabled": False}, "draDriver": {"enabled": True}},
     )
+
+
+def with_compute_domains(spec: HelmChartSpec) -> HelmChartSpec:
+    """The NVIDIA chart with its ComputeDomain controller and kubelet plugin (IMEX on p6e-gb200 UltraServers,
+    reference eks-accelerators.md §3.8): `resources.computeDomains.enabled`, which the guide's GPU install sets
+    to false."""
+    values = {**spec.values, "resources": {**spec.values.get("resources", {}), "computeDomains": {"enabled": True}}}
+    return replace(spec, values=values)
 
 
 UPSTREAM_CHARTS = {"gpu": nvidia_dra_driver, "efa": aws_dranet, "neuron": neuron_dra_driver}

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .names import DEVICE_KINDS, UPSTREAM_CLASSES, UPSTREAM_DRIVER_NAMES, DeviceKind, DriverNames
+from . import efa, gpu
+from .names import DEVICE_KINDS, FAMILIES, UPSTREAM_CLASSES, UPSTREAM_DRIVER_NAMES, DeviceKind, DriverNames
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class DeviceClasses:
 
     def driver_names(self) -> DriverNames:
         """The name each family's devices are published under in this environment."""
-        return DriverNames(**{f: self.driver(f) for f in ("gpu", "efa", "neuron")})
+        return DriverNames(**{f: self.driver(f) for f in FAMILIES})
 
     def class_name(self, kind: str) -> str:
         """Class for `gpu`, `mig`, `efa` or `neuron` devices."""
@@ -54,7 +55,9 @@ class DeviceClasses:
         family = "gpu" if kind == "mig" else kind
         expression = f"device.driver == '{self.driver(family)}'"
         if family == "gpu":
-            expression += f" && {self.attribute('gpu', 'type')} == '{kind}'"
+            expression += f" && {self.attribute('gpu', gpu.TYPE)} == '{kind}'"
+        elif family == "efa":  # aws-dranet's class: DRANET also publishes non-EFA network devices
+            expression += f" && {self.attribute('efa', efa.PCI_DEVICE)} == '{efa.EFA_PCI_DEVICE_NAME}'"
         return DeviceClassDefinition(self.class_name(kind), family, expression)
 
     def owned(self, kinds: tuple[str, ...]) -> list[DeviceClassDefinition]:

@@ -1,4 +1,11 @@
-"""EFA family: attribute names and the EFA device builder."""
+"""EFA family: DRANET's attribute vocabulary (driver `dra.net`) and the EFA device builder.
+
+Names and types follow kubernetes-sigs/dranet (`pkg/apis/attributes.go`, `pkg/inventory/db.go`,
+`pkg/cloudprovider/aws`): `pciDevice` and `pciVendor` are the pci.ids names of the function, `pciSubsystem`
+its subsystem id (`efa1`, as DRANET publishes on EFA; aws/karpenter-provider-aws drametadata records the
+same values), `rdma`, `rdmaDevice`, `pciAddress`, `numaNode`, the standard `resource.kubernetes.io/pcieRoot`
+and, on Neuron instances, `resource.aws.com/devicegroup{1,4,8,16}_id`.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +15,16 @@ from eks_dra.catalog import PciLocation
 
 from .model import DEVICE_GROUP, PCIE_ROOT, Device
 
+PCI_DEVICE = "pciDevice"
+PCI_VENDOR = "pciVendor"
+PCI_SUBSYSTEM = "pciSubsystem"
+RDMA = "rdma"
 RDMA_DEVICE = "rdmaDevice"
 PCI_ADDRESS = "pciAddress"
 NUMA_NODE = "numaNode"
-EFA_VERSION = "efaVersion"  # PCI device id generation: efa0..efa3
+
+EFA_PCI_DEVICE_NAME = "Elastic Fabric Adapter (EFA)"  # pci.ids name of 1d0f:efa0..efa3
+AMAZON_PCI_VENDOR_NAME = "Amazon.com, Inc."  # pci.ids name of vendor 1d0f
 
 
 @dataclass(frozen=True)
@@ -36,10 +49,13 @@ def efa_device_name(pci: PciLocation) -> str:
 
 def efa_device(f: EfaFacts) -> Device:
     attrs: dict = {
+        PCI_DEVICE: EFA_PCI_DEVICE_NAME,
+        PCI_VENDOR: AMAZON_PCI_VENDOR_NAME,
+        PCI_SUBSYSTEM: f"{f.pci_device_id:04x}",  # EFA functions carry their device id as subsystem id
+        RDMA: True,
         RDMA_DEVICE: f.rdma_device,
         PCI_ADDRESS: f.pci.address,
         NUMA_NODE: f.pci.numa_node,
-        EFA_VERSION: f"efa{f.pci_device_id - 0xEFA0}",
         PCIE_ROOT: f.pci.root,
     }
     for size, gid in sorted(f.device_groups.items()):

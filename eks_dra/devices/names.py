@@ -28,6 +28,11 @@ GPU_CONFIG_API_VERSION = "resource.nvidia.com/v1beta1"
 GPU_CONFIG_KIND = "GpuConfig"
 MIG_CONFIG_KIND = "MigDeviceConfig"
 NEURON_CONFIG_API_VERSION = "neuron.aws.com/v1"
+# NVIDIA ComputeDomains (IMEX over Multi-Node NVLink): the vendor driver's controller serves them; eks-dra has none.
+COMPUTE_DOMAIN_API_VERSION = "resource.nvidia.com/v1beta1"
+COMPUTE_DOMAIN_KIND = "ComputeDomain"
+COMPUTE_DOMAIN_DRIVER = "compute-domain.nvidia.com"
+COMPUTE_DOMAIN_CLASSES = ("compute-domain-daemon.nvidia.com", "compute-domain-default-channel.nvidia.com")
 NEURON_CONFIG_KIND = "NeuronConfig"
 
 
@@ -41,6 +46,13 @@ class DriverNames:
 
     def for_family(self, family: Family) -> str:
         return getattr(self, family)
+
+    def family_of(self, driver: str) -> Family:
+        """The family a driver name of these names serves; ValueError for another driver."""
+        for family in FAMILIES:
+            if self.for_family(family) == driver:
+                return family
+        raise ValueError(f"{driver} is none of the drivers {', '.join(self.for_family(f) for f in FAMILIES)}")
 
     def class_name(self, kind: DeviceKind) -> str:
         """The DeviceClass of `gpu`, `mig`, `efa` or `neuron` devices: the upstream class while the family

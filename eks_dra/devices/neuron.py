@@ -1,9 +1,18 @@
-"""Neuron family: attribute names, device-group ids and the Neuron device builder."""
+"""Neuron family: the Neuron DRA driver's attribute vocabulary, device-group ids and the device builder.
+
+The Neuron driver's source is not public; names follow its documentation (aws-neuron-sdk
+`deploy/eks/dra.rst` @ 3afa0fdf): `deviceId`, `instanceType`, `neuronDriverVersion`, `draDriverVersion`,
+`resourceType`, `topology_x`/`topology_y`, `topology4_id`/`topology8_id`, the
+`resource.aws.com/devicegroup*_id` ids, and device names `neurondevice<N>` (its allocation example).
+`networkNodeLayer1..3` (EC2 network topology) are not published: nothing on the node tells them.
+We add `coreCount`, `numaNode` and `resource.kubernetes.io/pcieRoot`.
+"""
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from importlib import metadata
 
 from eks_dra.catalog import PciLocation
 
@@ -17,10 +26,23 @@ TOPOLOGY_Y = "topology_y"
 NUMA_NODE = "numaNode"
 RESOURCE_TYPE = "resourceType"
 DRIVER_VERSION = "neuronDriverVersion"
+DRA_DRIVER_VERSION = "draDriverVersion"
+TOPOLOGY4_ID = "topology4_id"  # UNVERIFIED meaning: the 4-device group of the torus, deviceId // 4
+TOPOLOGY8_ID = "topology8_id"  # UNVERIFIED meaning: deviceId // 8
 CAP_MEMORY = "memory"
 CAP_CORES = "neuronCores"
 
 DEFAULT_NEURON_DRIVER_VERSION = "2.25.4.0"
+
+def _dra_driver_version() -> str:
+    """Which DRA driver publishes the device: ours, with the package's version."""
+    try:
+        return f"eks-dra-{metadata.version('eks-dra')}"
+    except metadata.PackageNotFoundError:  # running from a source tree that was never installed
+        return "eks-dra"
+
+
+DRA_DRIVER_VERSION_VALUE = _dra_driver_version()
 
 
 @dataclass(frozen=True)
@@ -61,7 +83,12 @@ def device_group_ids(neuron_index: int, neuron_efa_map: tuple[int, ...], efa_bdf
 
 
 def neuron_device_name(index: int) -> str:
-    return f"neuron-{index}"
+    return f"neurondevice{index}"
+
+
+def neuron_device_index(name: str) -> int:
+    """The device id (/dev/neuron<N>) in a name of neuron_device_name."""
+    return int(name.removeprefix("neurondevice"))
 
 
 def neuron_device(f: NeuronFacts, device_count: int) -> Device:
@@ -75,6 +102,9 @@ def neuron_device(f: NeuronFacts, device_count: int) -> Device:
         NUMA_NODE: f.pci.numa_node,
         RESOURCE_TYPE: "neuron_device",
         DRIVER_VERSION: f.driver_version,
+        DRA_DRIVER_VERSION: DRA_DRIVER_VERSION_VALUE,
+        TOPOLOGY4_ID: f.index // 4,
+        TOPOLOGY8_ID: f.index // 8,
         PCIE_ROOT: f.pci.root,
     }
     for size, gid in sorted(f.device_groups.items()):

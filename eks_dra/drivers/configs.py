@@ -5,14 +5,20 @@ the requests they list (all requests when none): class configs first, then claim
 replacing the earlier for the requests it covers. Unknown apiVersions, kinds or fields are an error naming
 the config entry and the field, reported on that claim only.
 
-    resource.nvidia.com/v1beta1 GpuConfig: {sharing: {strategy: TimeSlicing, timeSlicingConfig: {interval: Default|Short|Medium|Long}}}
-    neuron.aws.com/v1 NeuronConfig:        {logicalNeuronCore: 1|2}
+    resource.nvidia.com/v1beta1 GpuConfig:       {sharing: {strategy: TimeSlicing, timeSlicingConfig: {interval: Default|Short|Medium|Long}}}
+    resource.nvidia.com/v1beta1 MigDeviceConfig: {sharing: {strategy: TimeSlicing}}  (no effect on a MIG device)
+    neuron.aws.com/v1 NeuronConfig:              {logicalNeuronCore: 1|2}
     efa: no configuration
+
+As in the NVIDIA driver, a GpuConfig applies to full GPUs and a MigDeviceConfig to MIG devices: one that names
+a request of the other kind is an error, one that names no request skips devices of the other kind. The MPS
+strategy is refused until this driver implements it.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from eks_dra.devices import names
@@ -49,21 +55,43 @@ def _fields(obj: object, where: str, known: dict[str, type | tuple]) -> dict:
     return obj
 
 
-def _gpu_config(params: dict, where: str) -> DeviceSettings:
-    _fields(params, where, {"apiVersion": str, "kind": str, "sharing": dict})
-    sharing = params.get("sharing")
-    if sharing is None:
-        return DeviceSettings()
-    _fields(sharing, f"{where}.sharing", {"strategy": str, "timeSlicingConfig": dict})
-    strategy = sharing.get("strategy")
+def _sharing(sharing: object, where: str, time_slicing_config: bool) -> str | None:
+    """The TimeSlicing interval a sharing block asks for (None: no interval to set)."""
+    known: dict[str, type | tuple] = {"strategy": str, "mpsConfig": dict}
+    if time_slicing_config:
+        known["timeSlicingConfig"] = dict
+    _fields(sharing, f"{where}.sharing", known)
+    strategy = sharing.get("strategy")  # type: ignore[union-attr]
+    if strategy == "MPS":
+        raise ConfigError(f"{where}.sharing.strategy: MPS is not supported by this driver yet; use TimeSlicing, "
+                          "or the upstream NVIDIA driver (drivers.gpu: upstream) for MPS")
     if strategy != "TimeSlicing":
-        raise ConfigError(f"{where}.sharing.strategy: {strategy!r} is not supported; use TimeSlicing")
-    ts = _fields(sharing.get("timeSlicingConfig") or {}, f"{where}.sharing.timeSlicingConfig", {"interval": str})
+        raise ConfigError(f"{where}.sharing.strategy: {strategy!r} is not one of TimeSlicing, MPS")
+    if "mpsConfig" in sharing:  # type: ignore[operator]
+        raise ConfigError(f"{where}.sharing.mpsConfig: cannot be used with the TimeSlicing strategy")
+    if not time_slicing_config:
+        return None
+    ts = _fields(sharing.get("timeSlicingConfig") or {}, f"{where}.sharing.timeSlicingConfig",  # type: ignore[union-attr]
+                 {"interval": str})
     interval = ts.get("interval", "Default")
     if interval not in TIME_SLICE_INTERVALS:
         raise ConfigError(f"{where}.sharing.timeSlicingConfig.interval: {interval!r} is not one of "
                           f"{', '.join(TIME_SLICE_INTERVALS)}")
-    return DeviceSettings(time_slice_interval=interval)
+    return interval
+
+
+def _gpu_config(params: dict, where: str) -> DeviceSettings:
+    _fields(params, where, {"apiVersion": str, "kind": str, "sharing": dict})
+    if params.get("sharing") is None:
+        return DeviceSettings()
+    return DeviceSettings(time_slice_interval=_sharing(params["sharing"], where, time_slicing_config=True))
+
+
+def _mig_config(params: dict, where: str) -> DeviceSettings:
+    _fields(params, where, {"apiVersion": str, "kind": str, "sharing": dict})
+    if params.get("sharing") is not None:
+        _sharing(params["sharing"], where, time_slicing_config=False)  # TimeSlicing: nothing to set on MIG
+    return DeviceSettings()
 
 
 def _neuron_config(params: dict, where: str) -> DeviceSettings:
@@ -74,27 +102,46 @@ def _neuron_config(params: dict, where: str) -> DeviceSettings:
     return DeviceSettings(logical_neuron_core=lnc)
 
 
-# family -> (apiVersion, kind, decoder)
-_SCHEMAS = {
-    "gpu": (names.GPU_CONFIG_API_VERSION, names.GPU_CONFIG_KIND, _gpu_config),
-    "neuron": (names.NEURON_CONFIG_API_VERSION, names.NEURON_CONFIG_KIND, _neuron_config),
+@dataclass(frozen=True)
+class _Schema:
+    api_version: str
+    decoder: Callable[[dict, str], DeviceSettings]
+    device_type: str | None  # the `type` attribute of the devices it applies to (None: every device)
+
+
+# family -> kind -> schema
+_SCHEMAS: dict[str, dict[str, _Schema]] = {
+    "gpu": {names.GPU_CONFIG_KIND: _Schema(names.GPU_CONFIG_API_VERSION, _gpu_config, "gpu"),
+            names.MIG_CONFIG_KIND: _Schema(names.GPU_CONFIG_API_VERSION, _mig_config, "mig")},
+    "neuron": {names.NEURON_CONFIG_KIND: _Schema(names.NEURON_CONFIG_API_VERSION, _neuron_config, None)},
 }
 
 
-def decode_parameters(family: str, params: object, where: str) -> DeviceSettings:
+@dataclass(frozen=True)
+class DecodedConfig:
+    kind: str
+    device_type: str | None
+    settings: DeviceSettings
+
+
+def decode_config(family: str, params: object, where: str) -> DecodedConfig:
+    """Decode one opaque config's parameters strictly; ConfigError names `where` and the field."""
     if family not in _SCHEMAS:
         raise ConfigError(f"{where}: the {family} driver takes no configuration; remove this config entry")
-    api_version, kind, decoder = _SCHEMAS[family]
+    kinds = _SCHEMAS[family]
+    api_version = next(iter(kinds.values())).api_version
+    kind_names = " or ".join(kinds)
     if not isinstance(params, dict):
-        raise ConfigError(f"{where}: must be an object with apiVersion {api_version} and kind {kind}")
+        raise ConfigError(f"{where}: must be an object with apiVersion {api_version} and kind {kind_names}")
     size = len(json.dumps(params, separators=(",", ":")))
     if size > OPAQUE_PARAMETERS_MAX_BYTES:
         raise ConfigError(f"{where}: {size} bytes, more than the {OPAQUE_PARAMETERS_MAX_BYTES} allowed")
     if params.get("apiVersion") != api_version:
         raise ConfigError(f"{where}.apiVersion: {params.get('apiVersion')!r} is not {api_version!r}")
-    if params.get("kind") != kind:
-        raise ConfigError(f"{where}.kind: {params.get('kind')!r} is not {kind!r}")
-    return decoder(params, where)
+    schema = kinds.get(params.get("kind"))  # type: ignore[arg-type]
+    if schema is None:
+        raise ConfigError(f"{where}.kind: {params.get('kind')!r} is not {kind_names}")
+    return DecodedConfig(str(params["kind"]), schema.device_type, schema.decoder(params, where))
 
 
 def request_matches(config_requests: list[str], request: str) -> bool:
@@ -104,15 +151,22 @@ def request_matches(config_requests: list[str], request: str) -> bool:
     return request in config_requests or request.split("/", 1)[0] in config_requests
 
 
-def settings_per_request(family: str, driver: str, configs: list, requests: list[str]) -> dict[str, DeviceSettings]:
-    """Settings for each allocated request name, from the allocation's config list (class, then claim)."""
+def settings_per_request(family: str, driver: str, configs: list, requests: list[str],
+                         device_types: dict[str, set[str]] | None = None,
+                         where_prefix: str = "status.allocation.devices.config") -> dict[str, DeviceSettings]:
+    """Settings for each allocated request name, from the allocation's config list (class, then claim).
+
+    `device_types` (request -> `type` attributes of its allocated devices) lets a GpuConfig or MigDeviceConfig
+    be checked against the devices it would configure; `where_prefix` names the list in messages (the planner
+    passes `spec.devices.config`).
+    """
     if not isinstance(configs, list):
-        raise ConfigError("status.allocation.devices.config: must be a list")
+        raise ConfigError(f"{where_prefix}: must be a list")
     ordered = sorted(enumerate(configs), key=lambda ic: 0 if isinstance(ic[1], dict)
                      and ic[1].get("source") == "FromClass" else 1)
     out = {r: DeviceSettings() for r in requests}
     for index, entry in ordered:
-        where = f"status.allocation.devices.config[{index}]"
+        where = f"{where_prefix}[{index}]"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where}: must be an object")
         opaque = entry.get("opaque")
@@ -121,8 +175,15 @@ def settings_per_request(family: str, driver: str, configs: list, requests: list
         config_requests = entry.get("requests") or []
         if not isinstance(config_requests, list) or not all(isinstance(r, str) for r in config_requests):
             raise ConfigError(f"{where}.requests: must be a list of request names")
-        settings = decode_parameters(family, opaque.get("parameters"), f"{where}.opaque.parameters")
+        decoded = decode_config(family, opaque.get("parameters"), f"{where}.opaque.parameters")
         for r in requests:
-            if request_matches(config_requests, r):
-                out[r] = settings
+            if not request_matches(config_requests, r):
+                continue
+            types = (device_types or {}).get(r, set())
+            other = sorted(t for t in types if decoded.device_type is not None and t != decoded.device_type)
+            if other and config_requests:
+                raise ConfigError(f"{where}: cannot apply {decoded.kind} to the {other[0]} devices of request {r} "
+                                  f"(a {decoded.kind} configures {decoded.device_type} devices)")
+            if not other:
+                out[r] = decoded.settings
     return out

@@ -440,7 +440,8 @@ def _discover_gpu(host_root: Path, it: InstanceType | None, nvml: NvmlBackend | 
             devices.append(DiscoveredDevice(gpu_model.gpu_device(g), device_nodes=[node], hooks=hooks(g.uuid)))
             continue
         for m, number in number_migs(migs[g.minor]):
-            mig = gpu_model.MigFacts(g, m.profile, number, m.uuid, m.memory_mib, m.multiprocessors)
+            mig = gpu_model.MigFacts(g, m.profile, number, m.uuid, m.memory_mib, m.multiprocessors,
+                                     gpu_model.memory_slices_of(m.memory_mib, g.memory_mib, number))
             nodes = [node]
             for cap in (f"gpu{g.minor}/gi{m.gpu_instance_id}/access",
                         f"gpu{g.minor}/gi{m.gpu_instance_id}/ci{m.compute_instance_id}/access"):
@@ -455,6 +456,9 @@ def _discover_gpu(host_root: Path, it: InstanceType | None, nvml: NvmlBackend | 
 
 
 # --- EFA -----------------------------------------------------------------------------------------
+
+RDMA_CM_DEVICE = "/dev/infiniband/rdma_cm"
+
 
 def _uverbs_by_ibdev(host_root: Path) -> dict[str, str]:
     """/sys/class/infiniband_verbs/uverbsN/ibdev -> {ibdev: "/dev/infiniband/uverbsN"}."""
@@ -502,7 +506,9 @@ def _discover_efa(host_root: Path, it: InstanceType | None, problems: list[str])
         if node is None or not _dev(host_root, node):
             blockers.append(f"no uverbs device node for {ibdev.name}")
             continue
-        devices.append(DiscoveredDevice(efa_model.efa_device(facts), device_nodes=[node]))
+        # As DRANET does: the RDMA connection manager with every interface's verbs device.
+        nodes = [RDMA_CM_DEVICE, node] if _dev(host_root, RDMA_CM_DEVICE) else [node]
+        devices.append(DiscoveredDevice(efa_model.efa_device(facts), device_nodes=nodes))
     for address in sorted(set(pci_efas) - bound):
         problems.append(f"EFA {address} has no RDMA device yet (efa driver not bound)")
     ready, reason = _readiness("EFA", len(devices), expected, problems, blockers)

@@ -190,6 +190,7 @@ def _write_efa(root: Path, facts: NodeFacts, driver: bool) -> None:
         return
     _write(root / "sys/module/efa/version", "2.15.3g\n")
     (root / "sys/class/infiniband").mkdir(parents=True, exist_ok=True)
+    _dev_node(root, "/dev/infiniband/rdma_cm")
     for k, _ in enumerate(facts.efas):
         _add_efa(root, facts, k)
 

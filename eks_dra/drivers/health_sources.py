@@ -24,6 +24,7 @@ from pathlib import Path
 from eks_dra.devices import Family
 from eks_dra.devices import efa as efa_model
 from eks_dra.devices import gpu as gpu_model
+from eks_dra.devices import neuron as neuron_model
 
 from . import discovery
 from .nvml import NvmlBackend, NvmlHealth
@@ -111,7 +112,7 @@ def _gpu_entries(inventory: discovery.Inventory) -> list[_GpuEntry]:
     for d in inventory.devices:
         attrs = d.device.attributes
         own = str(attrs.get(gpu_model.UUID, ""))
-        out.append(_GpuEntry(d.device.name, int(attrs.get(gpu_model.INDEX, -1)),
+        out.append(_GpuEntry(d.device.name, gpu_model.gpu_minor_of(d.device.name),
                              str(attrs.get(gpu_model.PARENT_UUID, own)), own, d.parent))
     return out
 
@@ -152,7 +153,7 @@ def _level_health(family: Family, host_root: Path, inventory: discovery.Inventor
             out[d.device.name] = efa_port_health(host_root, str(d.device.attributes[efa_model.RDMA_DEVICE]))
     else:
         for d in inventory.devices:
-            out[d.device.name] = neuron_health(host_root, int(d.device.name.rsplit("-", 1)[1]))
+            out[d.device.name] = neuron_health(host_root, int(d.device.attributes[neuron_model.DEVICE_ID]))
     return out
 
 

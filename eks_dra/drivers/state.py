@@ -265,7 +265,8 @@ class DeviceState:
         if not results:
             raise ClaimError(f"the allocation has no device of driver {self.driver}")
         requests = sorted({str(r.get("request", "")) for r in results})
-        settings = settings_per_request(self.family, self.driver, devices.get("config") or [], requests)
+        settings = settings_per_request(self.family, self.driver, devices.get("config") or [], requests,
+                                        self._device_types(results))
         planned = []
         for r in results:
             pool, name = r.get("pool"), r.get("device")
@@ -286,6 +287,15 @@ class DeviceState:
             raise ClaimError("the allocation names the same device twice")
         self._check_device_nodes(planned)
         return planned
+
+    def _device_types(self, results: list[dict]) -> dict[str, set[str]]:
+        """Request -> `type` attributes of its devices here (a GpuConfig must not configure a MIG device)."""
+        types: dict[str, set[str]] = {}
+        for r in results:
+            discovered, _ = self.inventory.get(str(r.get("device", "")))
+            if discovered is not None and "type" in discovered.device.attributes:
+                types.setdefault(str(r.get("request", "")), set()).add(str(discovered.device.attributes["type"]))
+        return types
 
     def commit(self, ref: ClaimRef, planned: list[PlannedDevice]) -> list[PreparedDevice]:
         cp = self.store.load()

@@ -29,6 +29,7 @@ class AllocationError(Exception):
 
 
 _MISSING = ("missing", None)
+_NO_SUCH_KEY = "no such key: "
 
 
 def _read(device: SimDevice, ref: tuple[str, str, str | None]) -> object:
@@ -93,8 +94,9 @@ class Matcher:
                     raw = exc
                 if shared_key is not None:
                     self._shared[shared_key] = raw
-            result = raw if isinstance(raw, bool) else \
-                f"{selector.where}: CEL runtime error on device {device.name} of node {device.pool}: {raw}"
+            result = raw if isinstance(raw, bool) else (f"{selector.where}: CEL runtime error on device "
+                                                         f"{device.name} of node {device.pool}: "
+                                                         f"{explain_missing_key(str(raw), selector, device)}")
             self._results[key] = result
         return result
 
@@ -130,16 +132,32 @@ class _Slot:
     request: Request
 
 
+# kubernetes/kubernetes#131730: the 1.34 allocator, given a firstAvailable subrequest it cannot satisfy, searches
+# the permutations of the devices that match it until kube-scheduler's 10 s filter timeout, and never tries the
+# next subrequest. Measured on the real 1.34.12 scheduler with 16 candidates (17 Neuron devices asked on a
+# trn2.48xlarge); from about ten candidates the search outlasts the timeout. Fixed after 1.34.
+FIRST_AVAILABLE_TIMEOUT_CANDIDATES = 10
+FIRST_AVAILABLE_TIMEOUT_FIXED_IN = (1, 35)
+
+
+class FilterTimeout(AllocationError):
+    """The scheduler's filter would time out on this node: the pod is never scheduled there."""
+
+
 class NodeSearch:
     """Allocate the given claims (of one pod) together on one node.
 
     `ignore_owners` looks at the node as if empty (used to tell "full" from "impossible");
-    `constraints` overrides each claim's constraints (used to find the constraint that fails).
+    `constraints` overrides each claim's constraints (used to find the constraint that fails);
+    `kubernetes_version` predicts that version's scheduler where it departs from the documented semantics
+    (None: the documented semantics).
     """
 
     def __init__(self, matcher: Matcher, node: SimNode, claims: list[PlanClaim], *, ignore_owners: bool = False,
-                 constraints: list[tuple[MatchAttribute, ...]] | None = None) -> None:
+                 constraints: list[tuple[MatchAttribute, ...]] | None = None,
+                 kubernetes_version: tuple[int, int] | None = None) -> None:
         self.matcher = matcher
+        self.kubernetes_version = kubernetes_version
         self.node = node
         self.claims = claims
         self.ignore_owners = ignore_owners
@@ -173,9 +191,30 @@ class NodeSearch:
                 notes = f" ({'; '.join(all_notes)})" if all_notes else ""
                 raise AllocationError(f"claim {claim.namespace}/{claim.name}: number of requested devices {minimum} "
                                       f"exceeds the claim limit of {MAX_RESULTS_PER_CLAIM}{notes}")
+        if self.kubernetes_version is not None and self.kubernetes_version < FIRST_AVAILABLE_TIMEOUT_FIXED_IN:
+            self._check_first_available_timeout()
         if not self._slot(0):
             return None
         return self.results
+
+    def _check_first_available_timeout(self) -> None:
+        for claim in self.claims:
+            for request in claim.spec.requests:
+                if not request.first_available:
+                    continue
+                for alt in request.alternatives[:-1]:
+                    if alt.all_devices:
+                        continue
+                    free = [d for d in self.matcher.candidates(alt, self.node).matching
+                            if self.ignore_owners or d.owner is None]
+                    if alt.count > len(free) >= FIRST_AVAILABLE_TIMEOUT_CANDIDATES:
+                        version = ".".join(map(str, self.kubernetes_version or ()))
+                        raise FilterTimeout(
+                            f"request {request.name}: on Kubernetes {version} never scheduled on {self.node.kind}: "
+                            f"subrequest {alt.result_name} asks for {alt.count} of the {len(free)} devices that match "
+                            "it, and the allocator searches their permutations until the scheduler's 10 s filter "
+                            "timeout instead of trying the next subrequest (kubernetes/kubernetes#131730, fixed "
+                            "after 1.34); put a subrequest that fits first")
 
     # -- search ------------------------------------------------------------------------------------
     def _slot(self, s: int) -> bool:
@@ -352,3 +391,23 @@ class NodeSearch:
                     if not common:
                         return False
         return True
+
+
+def explain_missing_key(message: str, selector: Selector, device: SimDevice) -> str:
+    """Turn the CEL library's "no such key: x" into what exists: the attributes of the device's domain, and
+    the capacity to use when `x` is one (a user reading device.attributes[...].memory meant the capacity)."""
+    if not message.startswith(_NO_SUCH_KEY):
+        return message
+    key = message[len(_NO_SUCH_KEY):]
+    kind, domain = "attributes", device.driver
+    for ref_kind, ref_domain, ident in sorted(selector.references or (), key=lambda r: (r[0], r[1], r[2] or "")):
+        if ident == key:
+            kind, domain = ref_kind, ref_domain
+            break
+    in_domain = sorted(name.rpartition("/")[2] for name in device.qualified if name.rpartition("/")[0] == domain)
+    capacities = sorted(name.rpartition("/")[2] for name in device.capacity
+                        if (name.rpartition("/")[0] or device.driver) == domain)
+    if kind == "capacity":
+        return (f"no capacity {key} on {domain} devices; their capacities: {', '.join(capacities) or 'none'}")
+    hint = f" (it is a capacity: use device.capacity['{domain}'].{key})" if key in capacities else ""
+    return (f"no attribute {key} on {domain} devices{hint}; their attributes: {', '.join(in_domain) or 'none'}")

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from eks_dra.devices.classes import DeviceClassDefinition
+from eks_dra.devices.names import COMPUTE_DOMAIN_API_VERSION, COMPUTE_DOMAIN_KIND
 from eks_dra.errors import UserError
 
 from .cel_env import CelEnvironment, Selector
@@ -39,6 +40,7 @@ MAX_REQUESTS = 32  # DeviceRequestsMaxSize
 MAX_CONSTRAINTS = 32
 MAX_SELECTORS = 32
 MAX_SUBREQUESTS = 8  # FirstAvailableDeviceRequestMaxSize
+MAX_CONFIGS = 32  # DeviceConfigMaxSize
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUALIFIED = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z_][A-Za-z0-9_]*$")
 _WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job", "CronJob", "DaemonSet")
@@ -219,7 +221,8 @@ class _Loader:
                 raise UserError(f"{where}: {cpath}.matchAttribute: {attr!r} must be a fully qualified attribute "
                                 "name <domain>/<name>, e.g. resource.kubernetes.io/pcieRoot")
             constraints.append(MatchAttribute(attr, tuple(refs), i))
-        parsed = ClaimSpec(tuple(requests), tuple(constraints), key)
+        configs = self._list(devices.get("config"), f"{where}: {dpath}.config", MAX_CONFIGS)
+        parsed = ClaimSpec(tuple(requests), tuple(constraints), key, tuple(configs), f"{dpath}.config")
         self._specs[key] = parsed
         return parsed
 
@@ -340,12 +343,14 @@ def _class_names(spec: Any) -> set[str]:
 
 
 def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tuple[DeviceClassDefinition, ...] = (),
-                   external_classes: dict[str, str] | None = None) -> Manifests:
+                   external_classes: dict[str, str] | None = None, compute_domains: str | None = None) -> Manifests:
     """Parse every DeviceClass, claim, template and claim-using workload in the files.
 
     `builtin_classes` are the cluster's own DeviceClasses (a class in the files replaces one of them).
     A claim asking for one of `external_classes` (class name -> who serves it) is left out of the plan and
-    said so in `Manifests.skipped`: its devices come from a controller eks-dra does not simulate.
+    said so in `Manifests.skipped`: its devices come from a controller eks-dra does not simulate. With
+    `compute_domains` (who serves them), the channel ResourceClaimTemplate that a ComputeDomain in the files
+    names is that controller's too: a pod's claim of it is reported, the pod's other claims are planned.
     """
     docs = read_documents(paths)
     skipped: list[str] = []
@@ -360,6 +365,9 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
     for doc in docs:  # classes first: claims may come before their class in the files
         if doc.kind == "DeviceClass" and doc.obj.get("apiVersion") in RESOURCE_API_VERSIONS:
             loader.device_class(doc)
+    channels = {} if compute_domains is None else {
+        (d.namespace, ((d.obj.get("spec") or {}).get("channel") or {}).get("resourceClaimTemplate", {}).get("name")): d
+        for d in docs if d.kind == COMPUTE_DOMAIN_KIND and d.obj.get("apiVersion") == COMPUTE_DOMAIN_API_VERSION}
     namespaces_with_admin = {d.name for d in docs if d.kind == "Namespace"
                              and (d.meta.get("labels") or {}).get(ADMIN_ACCESS_LABEL) == "true"}
     known_namespaces = {d.name for d in docs if d.kind == "Namespace"}
@@ -431,6 +439,12 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
                     used_claims.add((doc.namespace, claim_name))
                     if found[1] not in pod_claims:
                         pod_claims.append(found[1])
+                elif (doc.namespace, template_name) in channels:
+                    if i == 0:
+                        domain = channels[(doc.namespace, template_name)]
+                        skipped.append(f"{doc.source()}: claim {entry.get('name')} (ResourceClaimTemplate "
+                                       f"{template_name}, the channel of ComputeDomain {domain.name}) is served by "
+                                       f"{compute_domains}; not simulated")
                 else:
                     found_t = templates.get((doc.namespace, template_name))
                     if found_t is None:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 from eks_dra.devices import FAMILIES
 from eks_dra.devices.classes import DeviceClasses
+from eks_dra.devices.names import COMPUTE_DOMAIN_CLASSES, COMPUTE_DOMAIN_DRIVER
 from eks_dra.errors import UserError
 
 from .cel_env import CelEnvironment
@@ -39,8 +41,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="env=NAME plans the environment's DRA node groups and its synthesized manifests")
     parser.add_argument("--config-dir", type=Path, default=Path("config"), help="environment configs (default config)")
     parser.add_argument("--dist-dir", type=Path, default=Path("dist"), help="synthesized manifests (default dist)")
+    parser.add_argument("--kubernetes-version", metavar="MAJOR.MINOR", type=_kubernetes_version,
+                        help=f"the scheduler to predict (default {DEFAULT_KUBERNETES_VERSION}; "
+                             "with -c env=NAME the environment's)")
     parser.add_argument("--driver-name", action="append", default=[], metavar="FAMILY=NAME",
                         help="driver name of a device family (gpu, efa, neuron) if not the eks-dra default")
+
+
+DEFAULT_KUBERNETES_VERSION = "1.34"
+COMPUTE_DOMAIN_CONTROLLER = f"the NVIDIA ComputeDomain controller ({COMPUTE_DOMAIN_DRIVER})"
+
+
+def _kubernetes_version(text: str) -> str:
+    if not re.fullmatch(r"1\.\d{2}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Kubernetes minor version such as 1.34")
+    return text
 
 
 def _environment_name(contexts: list[str]) -> str | None:
@@ -67,6 +82,10 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
         from eks_dra.config import load_environment
 
         environment = load_environment(env_name, args.config_dir)
+        if args.kubernetes_version:
+            raise UserError("--kubernetes-version comes from the environment with -c env=NAME (kubernetesVersion)")
+        version = environment.kubernetes_version
+        compute_domains = environment.compute_domains
         classes = environment_classes(environment)
         nodes = nodes_for_environment(environment)
         files = args.claims
@@ -84,6 +103,8 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
         if not args.claims:
             raise UserError("--claims FILE... is required with --instance-type and --slices")
         classes = DeviceClasses({}, driver_names(args.driver_name))
+        version = args.kubernetes_version or DEFAULT_KUBERNETES_VERSION
+        compute_domains = False
         if args.slices:
             nodes = nodes_from_slices([(d.obj, str(d.source(namespaced=False))) for d in read_documents(args.slices)
                                        if d.kind == "ResourceSlice"])
@@ -92,8 +113,11 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
                                             mig_profile=args.mig_profile)
         files = args.claims
     env = CelEnvironment()
-    manifests = load_manifests(list(files), env, builtin_classes=tuple(classes.all()))
-    result = Planner(env, nodes).run(manifests.pods)
+    external = {c: COMPUTE_DOMAIN_CONTROLLER for c in COMPUTE_DOMAIN_CLASSES} if compute_domains else {}
+    manifests = load_manifests(list(files), env, builtin_classes=tuple(classes.all()), external_classes=external,
+                               compute_domains=COMPUTE_DOMAIN_CONTROLLER if compute_domains else None)
+    ours = {classes.driver(f): f for f in FAMILIES if not classes.upstream(f)}
+    result = Planner(env, nodes, config_drivers=ours, kubernetes_version=version).run(manifests.pods)
     result.warnings.extend(manifests.skipped)
     return result
 

@@ -83,6 +83,8 @@ class ClaimSpec:
     requests: tuple[Request, ...]
     constraints: tuple[MatchAttribute, ...]
     key: str  # canonical JSON of spec.devices: identical claims share one parsed spec
+    configs: tuple = ()  # spec.devices.config as written: the drivers decode it at prepare time
+    config_path: str = "spec.devices.config"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from .allocator import AllocationError, Matcher, NodeSearch
+from eks_dra.drivers.configs import ConfigError, settings_per_request
+
+from .allocator import AllocationError, FilterTimeout, Matcher, NodeSearch
 from .cel_env import CelEnvironment
 from .diagnose import explain_static
 from .model import AllocatedDevice, DeviceRequest, PlanClaim, PlanPod, Toleration
@@ -116,8 +118,15 @@ def allocated_device(claim: PlanClaim, request: DeviceRequest, device: SimDevice
 # --- the scheduling loop -----------------------------------------------------------------------------
 
 class Planner:
-    def __init__(self, env: CelEnvironment, nodes: list[SimNode]) -> None:
+    def __init__(self, env: CelEnvironment, nodes: list[SimNode], config_drivers: dict[str, str] | None = None,
+                 kubernetes_version: str = "1.34") -> None:
+        """`config_drivers`: driver name -> family of the drivers whose opaque configs are decoded here with
+        the drivers' own decoder (eks-dra's drivers; a vendor driver decodes its own). `kubernetes_version`:
+        the scheduler to predict where it differs from the documented semantics."""
         self.nodes = nodes
+        major, minor = kubernetes_version.split(".")[:2]
+        self.kubernetes_version = (int(major), int(minor))
+        self.config_drivers = config_drivers or {}
         self.matcher = Matcher(env)
         self._failed: dict[tuple, set[int]] = {}
         self._layout_errors: dict[tuple, str | None] = {}
@@ -180,11 +189,14 @@ class Planner:
             self._fail(pod, pending, error)
             return
         failed = self._failed.setdefault(shape, set())
+        timeout = None
         for node in candidates:
             if node.index in failed:
                 continue
             try:
-                found = NodeSearch(self.matcher, node, pending).run()
+                found = NodeSearch(self.matcher, node, pending, kubernetes_version=self.kubernetes_version).run()
+            except FilterTimeout as exc:
+                timeout, found = str(exc), None
             except AllocationError as exc:
                 self._fail(pod, pending, str(exc))
                 return
@@ -192,6 +204,9 @@ class Planner:
                 failed.add(node.index)
                 continue
             self._commit(pod, node, pending, found)
+            return
+        if timeout:
+            self._fail(pod, pending, timeout)
             return
         self._fail(pod, pending, self._capacity_reason(pending, candidates, pinned))
 
@@ -224,6 +239,27 @@ class Planner:
             for req, dev in results:
                 if not req.admin_access:
                     dev.owner = claim
+            problem = self._config_problem(claim, results)
+            if problem:  # the scheduler allocates it, the driver then refuses to prepare it
+                claim.allocated, claim.reason = False, f"prepare would fail: {problem}"
+
+    def _config_problem(self, claim: PlanClaim, results: list[tuple[DeviceRequest, SimDevice]]) -> str | None:
+        """The error our driver's prepare would report for the claim's opaque configs (same text)."""
+        for driver, family in self.config_drivers.items():
+            mine = [(req, dev) for req, dev in results if dev.driver == driver]
+            if not mine or not claim.spec.configs:
+                continue
+            types: dict[str, set[str]] = {}
+            for req, dev in mine:
+                value = dev.attribute(f"{driver}/type")
+                if value is not None:
+                    types.setdefault(req.result_name, set()).add(str(_plain(value)))
+            try:
+                settings_per_request(family, driver, list(claim.spec.configs), sorted({r.result_name for r, _ in mine}),
+                                     types, claim.spec.config_path)
+            except ConfigError as exc:
+                return f"{driver}: {exc}"
+        return None
 
     @staticmethod
     def _fail(pod: PlanPod, claims: list[PlanClaim], reason: str) -> None:

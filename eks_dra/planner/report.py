@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
-from .model import AllocatedDevice
+import re
+
+from .model import AllocatedDevice, PlanClaim
 from .plan import PlanResult
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> tuple:
+    """neurondevice2 before neurondevice10: digit runs compare as numbers."""
+    return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(name))
+
+
+def shown_devices(claim: PlanClaim) -> list[AllocatedDevice]:
+    """A claim's devices grouped by request (in request order), each group in natural name order."""
+    order = {r: i for i, r in enumerate(dict.fromkeys(d.request for d in claim.devices))}
+    return sorted(claim.devices, key=lambda d: (order[d.request], d.driver, natural_key(d.device)))
 
 
 def to_json(result: PlanResult) -> dict:
@@ -17,7 +32,7 @@ def to_json(result: PlanResult) -> dict:
                 "devices": [
                     {"request": d.request, "driver": d.driver, "pool": d.pool, "device": d.device,
                      "attributes": d.attributes}
-                    for d in c.devices
+                    for d in shown_devices(c)
                 ],
                 "reason": c.reason,
             }
@@ -46,7 +61,7 @@ def to_table(result: PlanResult) -> str:
             continue
         if not claim.devices:
             rows.append((name, claim.node or "-", "-", "(no devices requested)", ""))
-        for i, d in enumerate(claim.devices):
+        for i, d in enumerate(shown_devices(claim)):
             rows.append((name if i == 0 else "", claim.node or "" if i == 0 else "", d.request,
                          f"{d.driver}/{d.device}", _attributes(d)))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]

@@ -16,7 +16,7 @@ from eks_dra.charts.device_classes import DeviceClasses, DeviceClassesChart
 from eks_dra.charts.device_plugins import DevicePluginsChart, DevicePluginSettings
 from eks_dra.charts.driver_chart import DEFAULT_IMAGE, DriverChart, DriverSettings, SystemNamespaceChart
 from eks_dra.charts.samples import NodeGroupDevices, SamplesChart
-from eks_dra.charts.upstream import UNPINNABLE, UPSTREAM_CHARTS, HelmChartSpec
+from eks_dra.charts.upstream import UNPINNABLE, UPSTREAM_CHARTS, HelmChartSpec, with_compute_domains
 from eks_dra.config import EnvironmentConfig
 from eks_dra.devices import FAMILIES, simulate_node
 from eks_dra.errors import UserError
@@ -93,7 +93,8 @@ def build_k8s_app(env: EnvironmentConfig, image: str | None = None, *, outdir: P
             families=plugin_families,
             gpu_nodes_use_efa=any(g.efa_enabled for g in env.device_plugin_node_groups("gpu")),
             region=env.region or "us-west-2", readiness_taints=readiness)))
-    order.append(SamplesChart(app, "dra-samples", groups=groups, classes=classes))
+    order.append(SamplesChart(app, "dra-samples", groups=groups, classes=classes,
+                              compute_domains=env.compute_domains))
     for before, after in zip(order, order[1:], strict=False):
         after.add_dependency(before)
     return app
@@ -122,5 +123,6 @@ def upstream_helm_charts(env: EnvironmentConfig) -> list[HelmChartSpec]:
                 f"{plugin_groups[0].name!r} in device-plugin mode for {family}: the vendor chart's DaemonSet cannot "
                 f"be pinned to DRA node groups and would hand out the same devices as the device plugin; use "
                 f"drivers.{family}: python, or deviceMode: dra for that group")
-        specs.append(UPSTREAM_CHARTS[family]())
+        spec = UPSTREAM_CHARTS[family]()
+        specs.append(with_compute_domains(spec) if family == "gpu" and env.compute_domains else spec)
     return specs

@@ -16,14 +16,17 @@ import signal
 import subprocess
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import yaml
 from controlplane import wait_until
 from helpers import (
     BIN,
+    REPO,
     SAMPLES_NAMESPACE,
     DevCluster,
+    apply_objects,
     as_dict,
     constraint_violations,
     load_documents,
@@ -35,6 +38,8 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from eks_dra.devices import DEFAULT_DRIVER_NAMES
+from eks_dra.devices.gpu import gpu_minor_of
+from eks_dra.devices.neuron import neuron_device_index
 
 pytestmark = pytest.mark.e2e
 
@@ -192,11 +197,12 @@ def check_prepared(dev: DevCluster, pod: dict) -> list[dict]:
             assert spec["kind"] == f"k8s.{driver}/claim"
             spec_device = next(d for d in spec["devices"] if d["name"] == f"{uid}-{device}")
             nodes = [n["path"] for n in spec_device["containerEdits"]["deviceNodes"]]
-            index = device.rsplit("-", 1)[1]
-            # The device's own /dev node: gpu-3 -> /dev/nvidia3, neuron-5 -> /dev/neuron5, an EFA's uverbs.
-            own = {"gpu": f"/dev/nvidia{index}", "neuron": f"/dev/neuron{index}"}.get(driver.split(".")[0])
+            family = DEFAULT_DRIVER_NAMES.family_of(driver)
+            # The device's own /dev node: gpu-3 -> /dev/nvidia3, neurondevice5 -> /dev/neuron5, an EFA's uverbs.
+            own = (f"/dev/nvidia{gpu_minor_of(device)}" if family == "gpu" else
+                   f"/dev/neuron{neuron_device_index(device)}" if family == "neuron" else None)
             assert (own in nodes) if own else any(n.startswith("/dev/infiniband/uverbs") for n in nodes), nodes
-            assert uid in node.drivers[driver.split(".")[0]].checkpoint_claims()
+            assert uid in node.drivers[family].checkpoint_claims()
     return claims
 
 
@@ -322,7 +328,7 @@ def test_scheduler_allocates_samples_and_drivers_prepare_them(dev, samples):
     spec = dev.nodes["dev-trn2-0"].cdi_specs()[f"k8s.neuron.aws.com-claim_{lnc['metadata']['uid']}.json"]
     env = dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
     assert env["NEURON_LOGICAL_NC_CONFIG"] == "2"
-    ids = sorted(int(r["device"].split("-")[1]) for r in lnc["status"]["allocation"]["devices"]["results"])
+    ids = sorted(neuron_device_index(r["device"]) for r in lnc["status"]["allocation"]["devices"]["results"])
     assert env["NEURON_RT_VISIBLE_CORES"] == ",".join(f"{i * 4}-{i * 4 + 3}" for i in ids) or \
         env["NEURON_RT_VISIBLE_CORES"] == f"{ids[0] * 4}-{ids[-1] * 4 + 3}", env
 
@@ -551,3 +557,121 @@ def test_deleting_the_pods_unprepares_everything(dev, samples):
                                      and not (c.get("status") or {}).get("allocation") for c in claims)
 
     wait_until(released, 60, what="generated claims deleted, named claims released and deallocated")
+
+
+# --- the corpus of the EKS guide and the vendors' docs (tests/corpus) --------------------------------------
+
+CORPUS = REPO / "tests" / "corpus"
+# The tier's simulated nodes (DEV_NODES) include no MIG node: those documents are planned on dev's p4d-mig
+# group by tests/test_corpus.py only.
+CORPUS_NEEDS_MIG_NODE = {"eks-mig-profile-any.yaml", "eks-mig-profile-1g.5gb.yaml", "eks-mig-multi-mig.yaml",
+                         "nvidia-demo-gpu-test4.yaml"}
+
+
+def _corpus_objects(path: Path, namespace: str) -> tuple[str, list[dict], list[dict], dict[str, list[str]]]:
+    """(namespace, the file's objects, implicit pods, pod name -> its planner claim names). Objects are put in
+    `namespace` where they name none (as `kubectl apply -n` does); an implicit pod (the planner's) holds each
+    claim or template no pod of the file uses, and runs on its own, as the planner plans it on its own."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    own_namespaces = [d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"]
+    ns = own_namespaces[0] if own_namespaces else namespace
+    objects = [] if own_namespaces else [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}]
+    pods: dict[str, list[str]] = {}
+    used: set[str] = set()
+    for d in docs:
+        if d["kind"] != "Namespace":
+            d["metadata"].setdefault("namespace", ns)
+        objects.append(d)
+        spec = d["spec"] if d["kind"] == "Pod" else (d["spec"]["template"]["spec"] if d["kind"] == "Deployment"
+                                                     else None)
+        for entry in (spec or {}).get("resourceClaims") or []:
+            used.add(entry.get("resourceClaimName") or entry.get("resourceClaimTemplateName"))
+            if d["kind"] == "Pod":
+                pods.setdefault(d["metadata"]["name"], []).append(
+                    entry.get("resourceClaimName") or f"{d['metadata']['name']}-{entry['name']}")
+    implicit = []
+    for d in docs:
+        if d["kind"] in ("ResourceClaim", "ResourceClaimTemplate") and d["metadata"]["name"] not in used:
+            name, ref = d["metadata"]["name"], ("resourceClaimName" if d["kind"] == "ResourceClaim"
+                                               else "resourceClaimTemplateName")
+            implicit.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"implicit-{name}",
+                                                                            "namespace": ns},
+                             "spec": {"tolerations": ACCELERATOR_TOLERATIONS, "terminationGracePeriodSeconds": 0,
+                                      "resourceClaims": [{"name": "devices", ref: name}],
+                                      "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                                                      "resources": {"claims": [{"name": "devices"}]}}]}})
+            pods[f"implicit-{name}"] = [name]
+    return ns, objects, implicit, pods
+
+
+def not_scheduled(pod: dict) -> str | None:
+    """Why the scheduler did not place the pod: Unschedulable, or SchedulerError (an allocator error such as
+    a claim over the 32-device limit)."""
+    for c in pod.get("status", {}).get("conditions") or []:
+        if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") in ("Unschedulable",
+                                                                                          "SchedulerError"):
+            return f"{c['reason']}: {c.get('message') or ''}"
+    return None
+
+
+def _settled(dev: DevCluster, ns: str, names: set[str] | None = None) -> dict[str, tuple[dict, str]] | None:
+    """Pod name -> (pod, running | refused: <prepare error> | unschedulable: <why>), once every pod is one."""
+    out = {}
+    for pod in dev.pods(ns):
+        if names is not None and pod["metadata"]["name"] not in names:
+            continue
+        errors = [e["error"] for e in prepared(pod).values() if e["error"]]
+        state = "running" if pod_running(pod) else ("refused: " + errors[0]) if errors else \
+            ("unschedulable: " + not_scheduled(pod)) if not_scheduled(pod) else None
+        if state is None:
+            return None
+        out[pod["metadata"]["name"]] = (pod, state)
+    return out or None
+
+
+def test_corpus_claims_run_on_our_drivers(dev):
+    """Every corpus claim that `eks-dra plan -c env=dev` allocates is allocated by the real scheduler on our
+    drivers' slices and prepared by our drivers (one file, and one implicit pod, at a time, on the emptied
+    nodes); the ones it does not allocate are refused by the scheduler, or (opaque configs) by our driver's
+    prepare with the plan's text."""
+    from test_corpus import EXPECTED  # tests/ is on sys.path (rootdir conftest)
+
+    assert not dev.pods(SAMPLES_NAMESPACE) and not dev.pods(EXTRA_NAMESPACE)  # the test before emptied the nodes
+    ran = 0
+
+    def check(name: str, pod_name: str, pod: dict, state: str, claim_names: list[str]) -> int:
+        expected = EXPECTED[name]
+        # A Deployment's pods (their planner claim names are not known here) share the file's verdict.
+        reasons = [expected.get(c) for c in claim_names] or list(expected.values())
+        if all(r is None for r in reasons):
+            assert state == "running", (name, pod_name, state)
+            check_prepared(dev, pod)
+            return 1
+        if any(r and r.startswith("prepare would fail: ") for r in reasons):
+            text = next(r for r in reasons if r).split("spec.devices.config", 1)[1]
+            assert state.startswith("refused: ") and text.split(".", 1)[1] in state, (name, pod_name, state)
+        else:
+            assert state.startswith("unschedulable: "), (name, pod_name, state)
+        return 0
+
+    for index, name in enumerate(sorted(set(EXPECTED) - CORPUS_NEEDS_MIG_NODE)):
+        ns, objects, implicit, pods = _corpus_objects(CORPUS / name, f"corpus-{index}")
+        apply_objects(dev.api, objects)
+        if any(o["kind"] in ("Pod", "Deployment") for o in objects):
+            outcome = wait_until(lambda ns=ns: _settled(dev, ns), 90, interval=0.5,
+                                 what=f"{name}: every pod running or refused")
+            ran += sum(check(name, p, pod, state, pods.get(p, [])) for p, (pod, state) in outcome.items())
+        for pod_body in implicit:
+            pod_name = pod_body["metadata"]["name"]
+            dev.core.create_namespaced_pod(ns, pod_body)
+            outcome = wait_until(lambda ns=ns, n=pod_name: _settled(dev, ns, {n}), 90, interval=0.5,
+                                 what=f"{name}: {pod_name} running or refused")
+            ran += check(name, pod_name, *outcome[pod_name], pods[pod_name])
+            dev.core.delete_namespaced_pod(pod_name, ns, grace_period_seconds=0)
+            wait_until(lambda ns=ns, n=pod_name: n not in {p["metadata"]["name"] for p in dev.pods(ns)}, 90,
+                       interval=0.5, what=f"{name}: {pod_name} gone")
+        dev.core.delete_namespace(ns)
+        wait_until(lambda ns=ns: not dev.pods(ns), 90, interval=0.5, what=f"{name}: pods gone")
+    assert ran >= 16  # every allocatable claim of the non-MIG corpus ran
+    for node in dev.nodes.values():
+        wait_until(lambda n=node: n.cdi_specs() == {}, 60, what=f"{node.name}: every corpus claim unprepared")

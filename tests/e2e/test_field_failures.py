@@ -42,6 +42,7 @@ from ff_helpers import (
 )
 from kubernetes import client, config
 
+from eks_dra.devices.neuron import neuron_device_name
 from eks_dra.drivers import fixture
 from eks_dra.drivers.checkpoint import CheckpointStore, encode
 from eks_dra.drivers.gpu.fixture_root import FIXTURE_SMI_LOG
@@ -281,7 +282,7 @@ def test_slice_deleted_while_a_device_is_withdrawn_comes_back_without_it(api, no
     for s in slices(api, node.name, NEURON):  # in the same instant as the health change
         resource.delete_resource_slice(s["metadata"]["name"])
     wait_devices(api, node, drv, 15, timeout=15)
-    assert "neuron-5" not in device_names(api, node.name, NEURON)
+    assert neuron_device_name(5) not in device_names(api, node.name, NEURON)
     fixture.set_neuron_error(node.host, 5, 0)
     wait_devices(api, node, drv, 16, timeout=15)
 
@@ -780,7 +781,7 @@ def test_injected_faults_withdrawn_within_10s_restored_without_restart(api, node
         lambda: fixture.set_efa_port_state(trn.host, ibdev, True), {efa_name})
     figures["neuron-ecc"] = _withdraw_and_restore(
         api, trn, neuron, 16, lambda: fixture.set_neuron_error(trn.host, 3, 1),
-        lambda: fixture.set_neuron_error(trn.host, 3, 0), {"neuron-3"})
+        lambda: fixture.set_neuron_error(trn.host, 3, 0), {neuron_device_name(3)})
 
     mig = nodes.node("ff-fm", "p4d.24xlarge", mig_profile="3g.20gb")
     gpu = mig.start_driver("gpu")
