@@ -19,6 +19,7 @@ Unprepare: revert settings, remove the spec, drop the record; an unknown claim i
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -407,12 +408,14 @@ class DeviceState:
         rec.cdi_spec = self.cdi.path(rec.uid).name
 
     def _check_device_nodes(self, planned: list[PlannedDevice]) -> None:
+        """One stat per device node of this claim (and the claim-wide ones): nothing else of the host tree."""
         if self.host_root is None:
             return
-        owners = [(p.device_name, list(self.inventory.get(p.device_name)[0].device_nodes)) for p in planned]
-        for owner, paths in [*owners, ("the claim", list(self.inventory.common_device_nodes))]:
+        root = str(self.host_root).rstrip("/")
+        owners = [(p.device_name, self.inventory.get(p.device_name)[0].device_nodes) for p in planned]
+        for owner, paths in [*owners, ("the claim", self.inventory.common_device_nodes)]:
             for path in paths:
-                if not (self.host_root / path.lstrip("/")).exists():
+                if not os.path.exists(root + "/" + path.lstrip("/")):
                     raise ClaimError(f"device node {path} of {owner} is missing on node {self.node_name} "
                                      "(device driver not loaded?); the kubelet retries once it is back")
 
