@@ -90,20 +90,21 @@ class IoFloor:
 
     def __init__(self, kube: FakeKube, directory: Path, spec_bytes: int, checkpoint_bytes: int) -> None:
         self.conn = http.client.HTTPConnection("127.0.0.1", kube.server.server_address[1])
-        self.dir = directory
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.cdi, self.state = directory / "cdi", directory / "state"  # two directories, as the driver's
+        for d in (self.cdi, self.state):
+            d.mkdir(parents=True, exist_ok=True)
         self.spec, self.checkpoint = b"x" * spec_bytes, b"y" * checkpoint_bytes
 
-    def _write(self, name: str, data: bytes, durable: bool) -> None:
-        tmp = self.dir / f".{name}.tmp"
+    def _write(self, directory: Path, name: str, data: bytes, durable: bool) -> None:
+        tmp = directory / f".{name}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.write(fd, data)
         if durable:
             os.fsync(fd)
         os.close(fd)
-        os.replace(tmp, self.dir / name)
+        os.replace(tmp, directory / name)
         if durable:
-            dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
             os.fsync(dfd)
             os.close(dfd)
 
@@ -112,14 +113,14 @@ class IoFloor:
         self.conn.request("GET", f"/apis/resource.k8s.io/v1/namespaces/{claim['metadata']['namespace']}/"
                                  f"resourceclaims/{claim['metadata']['name']}")
         json.loads(self.conn.getresponse().read())
-        self._write("spec.json", self.spec, False)
-        self._write("checkpoint.json", self.checkpoint, True)
+        self._write(self.cdi, "spec.json", self.spec, False)
+        self._write(self.state, "checkpoint.json", self.checkpoint, True)
         return time.perf_counter() - t
 
     def unprepare(self) -> float:
         t = time.perf_counter()
-        os.unlink(self.dir / "spec.json")
-        self._write("checkpoint.json", self.checkpoint, True)
+        os.unlink(self.cdi / "spec.json")
+        self._write(self.state, "checkpoint.json", self.checkpoint, True)
         return time.perf_counter() - t
 
 

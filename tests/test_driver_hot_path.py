@@ -104,3 +104,38 @@ def test_sockets_serve_before_the_state_is_attached():
     finally:
         servers.stop(0)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_burst_of_concurrent_prepares_is_group_committed():
+    """40 claims at once (a Job): every one prepared, recorded on disk before its answer, fewer writes."""
+    box = Sandbox()
+    try:
+        node = box.node(directory="a")
+        d = box.start(node, family="efa")
+        claims = [box.kube.put_claim(make_claim(DEFAULT_DRIVER_NAMES.efa, node.name, [name]))
+                  for name in sorted(d.inventory.snapshot())]
+        assert len(claims) == 32
+        writes = d.store.writes
+        errors: list[str] = []
+        go = threading.Event()
+
+        def one(claim):
+            k = kubelet_for(node, "efa")
+            go.wait()
+            error = k.prepare([claim])[claim["metadata"]["uid"]].error
+            on_disk = CheckpointStore(d.store.path.parent, DEFAULT_DRIVER_NAMES.efa, node.name).load()
+            rec = on_disk.claims.get(claim["metadata"]["uid"])
+            errors.append(error or ("" if rec is not None and rec.completed else "answered before it was recorded"))
+            k.close()
+
+        threads = [threading.Thread(target=one, args=(c,)) for c in claims]
+        for t in threads:
+            t.start()
+        go.set()
+        for t in threads:
+            t.join()
+        assert errors == [""] * 32
+        assert d.store.writes - writes < 32  # at least two claims shared a checkpoint write
+        assert len(d.store.load().claims) == 32
+    finally:
+        box.close()

@@ -107,7 +107,8 @@ class CdiDir:
 
     def write(self, claim_uid: str, spec: dict) -> Path:
         path = self.path(claim_uid)
-        atomic_write(path, json.dumps(spec, indent=1, sort_keys=True).encode(), 0o644, self.durable)
+        # compact: the C encoder (an indent makes json use its pure-Python one, ~10x slower)
+        atomic_write(path, json.dumps(spec, sort_keys=True, separators=(",", ":")).encode(), 0o644, self.durable)
         return path
 
     def read(self, claim_uid: str) -> dict | None:

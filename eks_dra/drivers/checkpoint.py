@@ -183,7 +183,7 @@ class CheckpointStore:
         self.durable = durable
         self._cache: tuple[tuple | None, Checkpoint, int] | None = None  # (file key, checkpoint, pinning fd)
         self._swap_lock = threading.Lock()
-        self.reads = 0  # file reads + decodes (the benchmark counts them)
+        self.reads = self.writes = 0  # file reads + decodes, file writes (tests and the benchmark count them)
 
     def _set_cache(self, entry: tuple[tuple | None, Checkpoint, int] | None) -> None:
         with self._swap_lock:
@@ -233,6 +233,7 @@ class CheckpointStore:
         raw = encode(cp, self.driver, self.node_name, version)
         try:
             atomic_write(self.path, raw, 0o600, self.durable and durable)
+            self.writes += 1
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)  # the caller holds the lock: this is our file
         except OSError:
             self._set_cache(None)  # callers mutate the cached object: force a re-read

@@ -1,10 +1,11 @@
 """One DRA driver process: the parts of this package put together, started and stopped in order.
 
-Start: checkpoint (corrupt or lost -> kept aside + Warning Event + rebuilt; newer format -> refuse, exit 3),
-first discovery, gRPC servers (DRA socket, then registration), liveness and metrics endpoints, then the
-background loops: inventory/health poll (every `health_interval_s` <= 2 s), slice publisher, reconciler.
-Stop (SIGTERM): stop the loops, drain the gRPC servers, remove our own sockets. Slices, the readiness
-taint and the checkpoint are left as they are, so a rolling update or restart disrupts nothing.
+Start: the gRPC servers (main.py starts them before importing anything heavy: registration answers at once,
+DRA calls wait), checkpoint (corrupt or lost -> kept aside + Warning Event + rebuilt; newer format -> refuse,
+exit 3), first discovery, then DRA calls are served; liveness and metrics endpoints, then the background
+loops: inventory/health poll (every `health_interval_s` <= 2 s), slice publisher, reconciler (first pass 1 s
+after start). Stop (SIGTERM): stop the loops, drain the gRPC servers, remove our own sockets. Slices, the
+readiness taint and the checkpoint are left as they are, so a rolling update or restart disrupts nothing.
 """
 
 from __future__ import annotations

@@ -200,7 +200,7 @@ class Chaos:
                 self.kill("stuck")
 
     def connect(self, timeout: float = 60) -> bool:
-        """A kubelet client once the plugin answers; False if the process died first (a crash point)."""
+        """A kubelet client once the plugin answers DRA calls; False if the process died first (a crash point)."""
         sock = self.registry / f"{GPU}-reg.sock"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -208,10 +208,14 @@ class Chaos:
                 return False
             try:
                 if sock.exists():
-                    self.kubelet = Kubelet(sock, timeout=20)
+                    self.kubelet = Kubelet(sock, timeout=40)
+                    # the sockets serve before the checkpoint is loaded (and recovered): a DRA call waits for it
+                    self.kubelet.prepare([])
                     return True
             except grpc.RpcError:
-                pass
+                if self.kubelet is not None:
+                    self.kubelet.close()
+                    self.kubelet = None
             time.sleep(0.01)
         raise TimeoutError(f"driver not serving after {timeout}s; log {self.root / 'driver.log'}")
 
