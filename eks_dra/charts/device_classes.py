@@ -21,6 +21,10 @@ from . import labels
 UPSTREAM_DRIVERS = {"gpu": "gpu.nvidia.com", "efa": "dra.net", "neuron": "neuron.aws.com"}
 UPSTREAM_CLASSES = {"gpu": "gpu.nvidia.com", "mig": "mig.nvidia.com", "efa": "efa.networking.k8s.aws",
                     "neuron": "neuron.aws.com"}
+# Extended resources of the device plugins (reference eks-accelerators.md §3.2, §3.4, §3.6). Where the
+# DRAExtendedResource gate is on (1.36+), our class of the family's whole devices carries the same name, so a
+# pod with `nvidia.com/gpu: 1` in its limits is served by our DRA driver on a DRA node (an implicit claim).
+EXTENDED_RESOURCES = {"gpu": "nvidia.com/gpu", "efa": "vpc.amazonaws.com/efa", "neuron": "aws.amazon.com/neuron"}
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class DeviceClassDefinition:
     name: str
     family: str
     expression: str  # the CEL selector
+    extended_resource_name: str | None = None  # spec.extendedResourceName (DRAExtendedResource)
 
 
 @dataclass(frozen=True)
@@ -54,9 +59,10 @@ class DeviceClasses:
         """CEL for one of the driver's own attributes of `device`, e.g. device.attributes['gpu.eks-dra.io'].type."""
         return f"device.attributes['{self.driver(family)}'].{name}"
 
-    def owned(self, kinds: tuple[str, ...]) -> list[DeviceClassDefinition]:
+    def owned(self, kinds: tuple[str, ...], extended_resources: bool = False) -> list[DeviceClassDefinition]:
         """The classes eks-dra creates for the device kinds present (`gpu`, `mig`, `efa`, `neuron`) that its own
-        drivers serve. A class no node could ever satisfy (MIG without a MIG node group) is left out."""
+        drivers serve. A class no node could ever satisfy (MIG without a MIG node group) is left out. With
+        `extended_resources`, the whole-device classes name the device plugins' extended resources."""
         out: list[DeviceClassDefinition] = []
         for kind in kinds:
             family = "gpu" if kind == "mig" else kind
@@ -65,7 +71,8 @@ class DeviceClasses:
             on_driver = f"device.driver == '{self.driver(family)}'"
             if family == "gpu":
                 on_driver += f" && {self.attribute('gpu', 'type')} == '{kind}'"
-            out.append(DeviceClassDefinition(self.class_name(kind), family, on_driver))
+            extended = EXTENDED_RESOURCES.get(kind) if extended_resources else None
+            out.append(DeviceClassDefinition(self.class_name(kind), family, on_driver, extended))
         return out
 
 
@@ -78,5 +85,6 @@ class DeviceClassesChart(cdk8s.Chart):
             k8s.KubeDeviceClass(
                 self, d.name,
                 metadata=k8s.ObjectMeta(name=d.name, labels=labels.app_labels(d.name, "device-class")),
-                spec=k8s.DeviceClassSpec(selectors=[k8s.DeviceSelector(cel=k8s.CelDeviceSelector(expression=d.expression))]),
+                spec=k8s.DeviceClassSpec(selectors=[k8s.DeviceSelector(cel=k8s.CelDeviceSelector(expression=d.expression))],
+                                         extended_resource_name=d.extended_resource_name),
             )

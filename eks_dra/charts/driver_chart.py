@@ -44,6 +44,10 @@ class DriverSettings:
     # Some of the family's nodes run Bottlerocket, whose enforcing SELinux policy keeps unprivileged
     # containers (container_t) from writing host paths such as the kubelet plugin and registry dirs.
     selinux_enforcing_hosts: bool = False
+    # From the environment's Kubernetes version (eks_dra.versions): unhealthy devices as device taints
+    # (DRADeviceTaints) and the kubelet's device-health stream (ResourceHealthStatus).
+    device_taints: bool = False
+    dra_health: bool = False
 
     @property
     def name(self) -> str:
@@ -239,6 +243,8 @@ class DriverChart(cdk8s.Chart):
             k8s.EnvVar(name="CDI_ROOT", value=CDI_ROOT),
             k8s.EnvVar(name="HEALTH_PORT", value=str(s.health_port)),
             k8s.EnvVar(name="METRICS_PORT", value=str(s.metrics_port)),
+            *([k8s.EnvVar(name="DEVICE_TAINTS", value="true")] if s.device_taints else []),
+            *([k8s.EnvVar(name="DRA_HEALTH", value="true")] if s.dra_health else []),
         ]
         container = k8s.Container(
             name="plugin",

@@ -26,6 +26,7 @@ from .checkpoint import (
     PreparedDevice,
 )
 from .device_setup import DeviceSetup
+from .device_taints import taint_for
 from .events import EventRecorder
 from .inventory import HealthSource, InventorySource, InventoryView
 from .kube import ApiError
@@ -66,6 +67,7 @@ class DriverConfig:
     rediscover_interval_s: float = 10.0
     resync_interval_s: float = 30.0
     dra_health_stream: bool = False
+    device_taints: bool = False  # unhealthy devices stay in the slices, tainted (DRADeviceTaints, 1.36+)
     lock_timeout_s: float = 30.0
     durable: bool = True  # fsync the checkpoint (tests turn it off for speed)
 
@@ -92,7 +94,9 @@ class Driver:
         self.started_at = time.monotonic()
         self.metrics = DriverMetrics(cfg.driver_name)
         self.events = EventRecorder(api, cfg.driver_name, cfg.node_name)
-        self.inventory = InventoryView(inventory_source, health_source)
+        taint = ((lambda reason: taint_for(cfg.driver_name, cfg.family, reason).to_api())
+                 if cfg.device_taints else None)
+        self.inventory = InventoryView(inventory_source, health_source, taint)
         state_dir = cfg.state_path
         state_dir.mkdir(parents=True, exist_ok=True)
         self.lock = NodeLock(state_dir, cfg.lock_timeout_s)
@@ -268,7 +272,8 @@ class Driver:
                     self.events.normal("DeviceHealthy", f"{self.cfg.driver_name}: device {names} healthy again; "
                                                         "published")
                 else:
-                    self.events.warning("DeviceUnhealthy", f"{self.cfg.driver_name}: device {names} withdrawn from "
+                    what = "tainted in" if self.cfg.device_taints else "withdrawn from"
+                    self.events.warning("DeviceUnhealthy", f"{self.cfg.driver_name}: device {names} {what} "
                                                            f"the ResourceSlice: {group[0].reason}"
                                                            + (f" (and {len(group) - 1} more)" if len(group) > 1 else ""))
         self.metrics.unhealthy_devices.labels(self.cfg.driver_name).set(len(self.inventory.unhealthy()))

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from eks_dra.errors import UserError
+from eks_dra.versions import DEFAULT_KUBERNETES_VERSION, DRA_EXTENDED_RESOURCE, VERSIONS
 
 from .cel_env import CelEnvironment
 from .claims import load_manifests, read_documents
@@ -37,6 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="env=NAME plans the environment's DRA node groups and its synthesized manifests")
     parser.add_argument("--config-dir", type=Path, default=Path("config"), help="environment configs (default config)")
     parser.add_argument("--dist-dir", type=Path, default=Path("dist"), help="synthesized manifests (default dist)")
+    parser.add_argument("--kubernetes-version", choices=tuple(VERSIONS), default=DEFAULT_KUBERNETES_VERSION,
+                        help="the scheduler's version without -c env (default %(default)s): 1.36 turns on "
+                             "extended resources through DRA")
     parser.add_argument("--driver-name", action="append", default=[], metavar="FAMILY=NAME",
                         help="driver name of a device family (gpu, efa, neuron) if not the eks-dra default")
 
@@ -60,6 +64,7 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
         from eks_dra.config import load_environment
 
         environment = load_environment(env_name, args.config_dir)
+        extended_resources = VERSIONS[environment.kubernetes_version].gate(DRA_EXTENDED_RESOURCE)
         nodes = nodes_for_environment(environment)
         vendor_drivers = any(getattr(environment.drivers, f) == "upstream" for f in ("gpu", "efa", "neuron"))
         files = args.claims
@@ -73,6 +78,7 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
                 raise UserError(f"{dist} holds no *.k8s.yaml manifests: run `make synth ENV={env_name}`")
     else:
         vendor_drivers = False
+        extended_resources = VERSIONS[args.kubernetes_version].gate(DRA_EXTENDED_RESOURCE)
         if bool(args.instance_type) == bool(args.slices):
             raise UserError("give --instance-type T or --slices FILE... (with --claims FILE...), or -c env=NAME")
         if not args.claims:
@@ -85,7 +91,8 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
                                             mig_profile=args.mig_profile)
         files = args.claims
     env = CelEnvironment()
-    manifests = load_manifests(list(files), env, external_classes=vendor_drivers)
+    manifests = load_manifests(list(files), env, external_classes=vendor_drivers,
+                               extended_resources=extended_resources)
     result = Planner(env, nodes).run(manifests.pods)
     result.warnings.extend(manifests.skipped)
     return result
