@@ -114,3 +114,35 @@ def test_planner_gives_extended_resource_pods_the_schedulers_claim(tmp_path):
     assert claim.allocated and len(claim.devices) == 3 and two.node
     assert not too_many.claims[0].allocated and "9" in (too_many.reason or "")
     assert not result.all_allocated
+
+
+def test_planner_keeps_claims_off_tainted_devices_unless_they_tolerate(tmp_path):
+    """`eks-dra plan --slices`: a device taint in a published slice (1.36) keeps a claim off the device, as the
+    scheduler does; a request that tolerates the taint may get it."""
+    from eks_dra.devices import DEFAULT_DRIVER_NAMES
+    from eks_dra.drivers.device_taints import taint_for
+    from eks_dra.planner.cel_env import CelEnvironment
+    from eks_dra.planner.claims import load_manifests
+    from eks_dra.planner.plan import Planner
+    from eks_dra.planner.simulate import nodes_from_slices
+
+    driver = DEFAULT_DRIVER_NAMES.gpu
+    taint = taint_for(driver, "gpu", "XID 79 on GPU GPU-1").to_api()
+    slices = [({"spec": {"nodeName": "n", "driver": driver, "pool": {"name": "n"},
+                         "devices": [{"name": "gpu-0", "taints": [taint]}, {"name": "gpu-1"}]}}, "slices.yaml")]
+    assert nodes_from_slices(slices)[0].devices[0].taints == ((taint["key"], "xid", "NoExecute"),)
+    request = {"deviceClassName": "gpus", "count": 2}
+    tolerant = {**request, "tolerations": [{"key": taint["key"], "operator": "Exists"}]}
+
+    def claim(name, exactly):
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": "ns"},
+                "spec": {"devices": {"requests": [{"name": "g", "exactly": exactly}]}}}
+
+    cls = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpus"},
+           "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{driver}'"}}]}}
+    for exactly, allocated in ((request, False), (tolerant, True)):
+        path = tmp_path / "claims.yaml"
+        path.write_text(yaml.safe_dump_all([cls, claim("two", exactly)]))
+        env = CelEnvironment()
+        result = Planner(env, nodes_from_slices(slices)).run(load_manifests([path], env).pods)
+        assert result.claims[0].allocated is allocated, result.claims[0].reason
