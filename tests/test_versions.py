@@ -124,14 +124,17 @@ def templates(tmp_path_factory):
     import aws_cdk as cdk
     from aws_cdk import aws_ec2 as ec2
 
-    from eks_dra.constructs import AcceleratorCluster, AcceleratorClusterProps
+    from eks_dra.constructs import AcceleratorCluster, AcceleratorClusterProps, AcceleratorNodeGroupProps
 
     outdir = tmp_path_factory.mktemp("cdk")
     app = cdk.App(outdir=str(outdir))
     for version in VERSIONS:
         stack = cdk.Stack(app, "V" + version.replace(".", ""))
         vpc = ec2.Vpc(stack, "Vpc", max_azs=2, nat_gateways=1)
-        AcceleratorCluster(stack, "Cluster", AcceleratorClusterProps(vpc=vpc, kubernetes_version=version))
+        cluster = AcceleratorCluster(stack, "Cluster", AcceleratorClusterProps(vpc=vpc, kubernetes_version=version))
+        cluster.add_node_group("System", AcceleratorNodeGroupProps(
+            cluster=cluster.cluster, instance_type="m7i.large", ami_type="AL2023_x86_64_STANDARD",
+            subnets=cluster.private_subnets()))
     app.synth()
     return {v: json.loads((outdir / f"V{v.replace('.', '')}.template.json").read_text()) for v in VERSIONS}
 
@@ -146,6 +149,9 @@ def test_synth_per_version(templates, version):
     row = VERSIONS[version]
     (cluster,) = _resources(template, "AWS::EKS::Cluster")
     assert cluster["Version"] == version
+    # The node group names the version too: changing kubernetesVersion rolls it after the control plane.
+    (group,) = _resources(template, "AWS::EKS::Nodegroup")
+    assert group["Version"] == version
     (layer,) = [p for p in _resources(template, "AWS::Lambda::LayerVersion") if "kubectl" in p.get("Description", "")]
     minor = row.kubectl_layer_module.rsplit("_v", 1)[1]
     assert f"kubectl 1.{minor}" in layer["Description"] or f"kubectl v1.{minor}" in layer["Description"], layer

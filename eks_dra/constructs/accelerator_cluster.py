@@ -167,6 +167,9 @@ class AcceleratorCluster(Construct):
         """Add a node group after the network add-ons (nodes become Ready only with the CNI installed);
         CoreDNS waits for the first untainted group, where its pods can run."""
         group = AcceleratorNodeGroup(self, construct_id, props)
+        # The group follows the cluster's version: after CloudFormation upgraded the control plane (the group
+        # depends on the cluster), the same deploy rolls the group to that version's AMI release.
+        group.nodegroup.node.default_child.version = self.props.kubernetes_version  # type: ignore[union-attr]
         for addon in self.network_addons:
             group.node.add_dependency(addon)
         if not props.taints and not any(not g.props.taints for g in self.node_groups):
