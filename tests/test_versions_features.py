@@ -146,3 +146,28 @@ def test_planner_keeps_claims_off_tainted_devices_unless_they_tolerate(tmp_path)
         env = CelEnvironment()
         result = Planner(env, nodes_from_slices(slices)).run(load_manifests([path], env).pods)
         assert result.claims[0].allocated is allocated, result.claims[0].reason
+
+
+def test_plan_cli_follows_the_kubernetes_version(tmp_path, capsys):
+    import json
+
+    from eks_dra import cli
+    from eks_dra.devices import DEFAULT_DRIVER_NAMES
+
+    driver = DEFAULT_DRIVER_NAMES.gpu
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump_all([
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpus"},
+         "spec": {"extendedResourceName": "nvidia.com/gpu",
+                  "selectors": [{"cel": {"expression": f"device.driver == '{driver}'"}}]}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"},
+         "spec": {"tolerations": [{"operator": "Exists"}],
+                  "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 3}}}]}}]))
+
+    def plan(*extra):
+        assert cli.main(["plan", "--instance-type", "p5.48xlarge", "--claims", str(path), "-o", "json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)["claims"]
+
+    assert plan() == []  # 1.34: the scheduler ignores extendedResourceName
+    (claim,) = plan("--kubernetes-version", "1.36")
+    assert claim["allocated"] and len(claim["devices"]) == 3
