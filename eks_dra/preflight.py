@@ -21,7 +21,7 @@ from typing import Any
 from eks_dra.catalog import SYSTEM_INSTANCE_TYPES
 from eks_dra.config import EnvironmentConfig, NodeGroupConfig, load_environment
 from eks_dra.errors import UserError
-from eks_dra.versions import check_upgrade, utc_today
+from eks_dra.versions import VERSIONS, check_upgrade, utc_today
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -39,7 +39,7 @@ QUOTA_CODES = {"P": "L-417A185B", "G": "L-DB2E81BA", "Trn": "L-2C3B7624", "Inf":
 
 @dataclass(frozen=True)
 class CheckResult:
-    check: str  # "account", "offering", "reservation", "quota", "kubernetes", "upgrade"
+    check: str  # "account", "offering", "reservation", "quota", "kubernetes", "addon", "upgrade"
     subject: str  # node group, reservation id or quota category
     status: str  # ok | warn | FAIL
     detail: str
@@ -204,11 +204,35 @@ def _version_offered(eks: Any, version: str) -> CheckResult:
     return CheckResult("kubernetes", version, OK, detail)
 
 
+def _addons_offered(eks: Any, version: str) -> list[CheckResult]:
+    """The add-on versions the versions table pins, as EKS offers them for the Kubernetes version."""
+    addons = VERSIONS[version].addons
+    pinned = {"vpc-cni": addons.vpc_cni, "coredns": addons.coredns, "kube-proxy": addons.kube_proxy,
+              "eks-pod-identity-agent": addons.pod_identity_agent}
+    results = []
+    for name, wanted in pinned.items():
+        if wanted is None:  # EKS's default for the version
+            continue
+        try:
+            addons = eks.describe_addon_versions(addonName=name, kubernetesVersion=version)["addons"]
+        except Exception as exc:
+            results.append(CheckResult("addon", name, WARN, f"cannot read EKS DescribeAddonVersions ({_error_code(exc)})"))
+            continue
+        offered = [v["addonVersion"] for a in addons for v in a.get("addonVersions", [])]
+        if wanted in offered:
+            results.append(CheckResult("addon", name, OK, f"{wanted} is offered for Kubernetes {version}"))
+        else:
+            newest = f"; EKS offers {', '.join(offered[:3])}" if offered else ""
+            results.append(CheckResult("addon", name, FAIL, f"{wanted} is not offered for Kubernetes {version}{newest}: "
+                                       "update the add-on versions in eks_dra/versions.py"))
+    return results
+
+
 def check_kubernetes_version(eks: Any, env: EnvironmentConfig) -> list[CheckResult]:
-    """Whether EKS offers the environment's version (DescribeClusterVersions) and whether the existing cluster
-    (DescribeCluster) can be changed to it in one EKS update."""
+    """Whether EKS offers the environment's version (DescribeClusterVersions) and the add-on versions pinned for it
+    (DescribeAddonVersions), and whether the existing cluster (DescribeCluster) can be changed to it in one update."""
     version = env.kubernetes_version
-    results = [_version_offered(eks, version)]
+    results = [_version_offered(eks, version), *_addons_offered(eks, version)]
     try:
         cluster = eks.describe_cluster(name=env.cluster_name)["cluster"]
     except Exception as exc:  # botocore ClientError ResourceNotFoundException: a new cluster
@@ -286,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
     except (BotoCoreError, ClientError) as exc:
         raise UserError(f"AWS call failed: {exc}; check the credentials' permissions (ec2:Describe*, "
                         "servicequotas:GetServiceQuota, sts:GetCallerIdentity, eks:DescribeClusterVersions, "
-                        "eks:DescribeCluster)") from None
+                        "eks:DescribeAddonVersions, eks:DescribeCluster)") from None
     if args.output == "json":
         print(json.dumps({"environment": env.name, "region": session.region_name,
                           "checks": [asdict(r) for r in results]}, indent=2))

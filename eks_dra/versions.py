@@ -38,7 +38,12 @@ _GATES_136 = _GATES_134 | {DRA_EXTENDED_RESOURCE, DRA_DEVICE_TAINTS, DRA_PARTITI
 
 @dataclass(frozen=True)
 class Addons:
-    """EKS managed add-on versions known to support the Kubernetes version (None: EKS's default for it)."""
+    """EKS managed add-on versions known to support the Kubernetes version (None: EKS's default for it).
+
+    The VPC CNI is pinned (efa-only interfaces need >= 1.18.5; EKS publishes one latest VPC CNI build for every
+    supported Kubernetes version); coredns and kube-proxy follow the Kubernetes minor, so EKS's default for the
+    cluster's version is the one known to fit. `eks-dra preflight` asks EKS (DescribeAddonVersions) whether each
+    pinned version is offered for the environment's Kubernetes version."""
 
     vpc_cni: str
     coredns: str | None = None
