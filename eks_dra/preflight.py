@@ -214,11 +214,11 @@ def _addons_offered(eks: Any, version: str) -> list[CheckResult]:
         if wanted is None:  # EKS's default for the version
             continue
         try:
-            addons = eks.describe_addon_versions(addonName=name, kubernetesVersion=version)["addons"]
+            found = eks.describe_addon_versions(addonName=name, kubernetesVersion=version)["addons"]
         except Exception as exc:
             results.append(CheckResult("addon", name, WARN, f"cannot read EKS DescribeAddonVersions ({_error_code(exc)})"))
             continue
-        offered = [v["addonVersion"] for a in addons for v in a.get("addonVersions", [])]
+        offered = [v["addonVersion"] for a in found for v in a.get("addonVersions", [])]
         if wanted in offered:
             results.append(CheckResult("addon", name, OK, f"{wanted} is offered for Kubernetes {version}"))
         else:
