@@ -39,9 +39,13 @@ lint: deps
 test: deps lint
 	$(PY) -m pytest -q -p no:cacheprovider
 
+# The whole tier on both control planes: Kubernetes 1.34 (the default) and 1.36 (E2E_KUBERNETES=1.36).
+# `make test` runs the 1.34 tier and the 1.36-only tests (tests/e2e/test_kubernetes_136.py).
 e2e: deps
 	bash tests/e2e/build.sh
+	bash tests/e2e/build.sh 1.36
 	$(PY) -m pytest -q -p no:cacheprovider -m e2e tests/e2e
+	E2E_KUBERNETES=1.36 $(PY) -m pytest -q -p no:cacheprovider -m e2e tests/e2e
 
 bench: deps
 	$(PY) bench/synth.py

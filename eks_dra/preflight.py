@@ -3,7 +3,9 @@
 Checks, one table line each: the caller's account (when the config names one); every node group's instance
 type is offered in its availability zone; every reservation exists, is active, is in the group's AZ and is
 for its instance type (and of the right kind: Capacity Block or ODCR); the On-Demand vCPU quotas of the P, G,
-Trn, Inf and Standard families cover the node groups' max sizes. Uses boto3's standard credential chain.
+Trn, Inf and Standard families cover the node groups' max sizes; EKS offers the Kubernetes version (and until
+when), and an existing cluster of that name is at most one minor older (EKS upgrades one minor at a time).
+Uses boto3's standard credential chain.
 Exit 0 when nothing failed, 1 when a check failed, 2 on bad input or missing credentials.
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 from eks_dra.catalog import SYSTEM_INSTANCE_TYPES
 from eks_dra.config import EnvironmentConfig, NodeGroupConfig, load_environment
 from eks_dra.errors import UserError
+from eks_dra.versions import VERSIONS, check_upgrade, utc_today
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -36,7 +39,7 @@ QUOTA_CODES = {"P": "L-417A185B", "G": "L-DB2E81BA", "Trn": "L-2C3B7624", "Inf":
 
 @dataclass(frozen=True)
 class CheckResult:
-    check: str  # "account", "offering", "reservation", "quota"
+    check: str  # "account", "offering", "reservation", "quota", "kubernetes", "addon", "upgrade"
     subject: str  # node group, reservation id or quota category
     status: str  # ok | warn | FAIL
     detail: str
@@ -47,6 +50,7 @@ class Clients:
     ec2: Any
     service_quotas: Any
     sts: Any | None = None
+    eks: Any | None = None
 
 
 # --- checks ---
@@ -174,6 +178,80 @@ def check_quotas(service_quotas: Any, groups: tuple[NodeGroupConfig, ...]) -> li
     return results
 
 
+def _error_code(exc: Exception) -> str:
+    return getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
+
+
+def _version_offered(eks: Any, version: str) -> CheckResult:
+    try:
+        offered = eks.describe_cluster_versions(clusterVersions=[version], includeAll=True)["clusterVersions"]
+    except Exception as exc:  # AccessDenied and the like: report, do not guess
+        return CheckResult("kubernetes", version, WARN, f"cannot read EKS DescribeClusterVersions ({_error_code(exc)})")
+    row = next((v for v in offered if v.get("clusterVersion") == version), None)
+    status = row and row.get("versionStatus", row.get("status"))
+    if row is None or status == "UNSUPPORTED":
+        return CheckResult("kubernetes", version, FAIL, "EKS does not offer this version in the region; "
+                           "set kubernetesVersion to one DescribeClusterVersions lists")
+    standard, extended = row.get("endOfStandardSupportDate"), row.get("endOfExtendedSupportDate")
+    detail = f"offered ({status}"
+    detail += f", patch {row['kubernetesPatchVersion']})" if row.get("kubernetesPatchVersion") else ")"
+    if standard is not None:
+        detail += f"; standard support until {standard.date().isoformat()}"
+    if extended is not None:
+        detail += f", extended support until {extended.date().isoformat()}"
+    if status == "EXTENDED_SUPPORT" or (standard is not None and utc_today() >= standard.date()):
+        return CheckResult("kubernetes", version, WARN, detail + "; extended support costs $0.60 per cluster-hour")
+    return CheckResult("kubernetes", version, OK, detail)
+
+
+def _addons_offered(eks: Any, version: str) -> list[CheckResult]:
+    """The add-on versions the versions table pins, as EKS offers them for the Kubernetes version."""
+    addons = VERSIONS[version].addons
+    pinned = {"vpc-cni": addons.vpc_cni, "coredns": addons.coredns, "kube-proxy": addons.kube_proxy,
+              "eks-pod-identity-agent": addons.pod_identity_agent}
+    results = []
+    for name, wanted in pinned.items():
+        if wanted is None:  # EKS's default for the version
+            continue
+        try:
+            found = eks.describe_addon_versions(addonName=name, kubernetesVersion=version)["addons"]
+        except Exception as exc:
+            results.append(CheckResult("addon", name, WARN, f"cannot read EKS DescribeAddonVersions ({_error_code(exc)})"))
+            continue
+        offered = [v["addonVersion"] for a in found for v in a.get("addonVersions", [])]
+        if wanted in offered:
+            results.append(CheckResult("addon", name, OK, f"{wanted} is offered for Kubernetes {version}"))
+        else:
+            newest = f"; EKS offers {', '.join(offered[:3])}" if offered else ""
+            results.append(CheckResult("addon", name, FAIL, f"{wanted} is not offered for Kubernetes {version}{newest}: "
+                                       "update the add-on versions in eks_dra/versions.py"))
+    return results
+
+
+def check_kubernetes_version(eks: Any, env: EnvironmentConfig) -> list[CheckResult]:
+    """Whether EKS offers the environment's version (DescribeClusterVersions) and the add-on versions pinned for it
+    (DescribeAddonVersions), and whether the existing cluster (DescribeCluster) can be changed to it in one update."""
+    version = env.kubernetes_version
+    results = [_version_offered(eks, version), *_addons_offered(eks, version)]
+    try:
+        cluster = eks.describe_cluster(name=env.cluster_name)["cluster"]
+    except Exception as exc:  # botocore ClientError ResourceNotFoundException: a new cluster
+        code = _error_code(exc)
+        if code == "ResourceNotFoundException":
+            return results + [CheckResult("upgrade", env.cluster_name, OK, f"no cluster yet: created at {version}")]
+        return results + [CheckResult("upgrade", env.cluster_name, WARN, f"cannot read EKS DescribeCluster ({code})")]
+    deployed = str(cluster["version"])
+    reason = check_upgrade(deployed, version)
+    if reason:
+        results.append(CheckResult("upgrade", env.cluster_name, FAIL, reason))
+    elif deployed == version:
+        results.append(CheckResult("upgrade", env.cluster_name, OK, f"runs {deployed}: no version change"))
+    else:
+        results.append(CheckResult("upgrade", env.cluster_name, OK, f"runs {deployed}: deploy upgrades the control "
+                                   f"plane to {version}, then the node groups' AMIs (README, Upgrades)"))
+    return results
+
+
 def run_checks(env: EnvironmentConfig, clients: Clients) -> list[CheckResult]:
     results: list[CheckResult] = []
     if clients.sts is not None:
@@ -181,6 +259,8 @@ def run_checks(env: EnvironmentConfig, clients: Clients) -> list[CheckResult]:
     results += check_offerings(clients.ec2, env.node_groups)
     results += check_reservations(clients.ec2, env.node_groups)
     results += check_quotas(clients.service_quotas, env.node_groups)
+    if clients.eks is not None:
+        results += check_kubernetes_version(clients.eks, env)
     return results
 
 
@@ -222,14 +302,15 @@ def run(args: argparse.Namespace) -> int:
         if session.region_name is None:
             raise UserError(f"{env.source}: no region: set region in the file, pass --region or set AWS_REGION")
         clients = Clients(ec2=session.client("ec2"), service_quotas=session.client("service-quotas"),
-                          sts=session.client("sts"))
+                          sts=session.client("sts"), eks=session.client("eks"))
         results = run_checks(env, clients)
     except (NoCredentialsError, NoRegionError) as exc:
         raise UserError(f"no usable AWS credentials or region ({exc}); configure the standard credential chain "
                         "(AWS_PROFILE, aws sso login, or instance credentials)") from None
     except (BotoCoreError, ClientError) as exc:
         raise UserError(f"AWS call failed: {exc}; check the credentials' permissions (ec2:Describe*, "
-                        "servicequotas:GetServiceQuota, sts:GetCallerIdentity)") from None
+                        "servicequotas:GetServiceQuota, sts:GetCallerIdentity, eks:DescribeClusterVersions, "
+                        "eks:DescribeAddonVersions, eks:DescribeCluster)") from None
     if args.output == "json":
         print(json.dumps({"environment": env.name, "region": session.region_name,
                           "checks": [asdict(r) for r in results]}, indent=2))

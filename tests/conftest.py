@@ -1,5 +1,8 @@
+import datetime
 import os
 import pathlib
+
+import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -7,3 +10,10 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 _node_bin = REPO / "node_modules" / ".bin"
 if _node_bin.is_dir() and str(_node_bin) not in os.environ.get("PATH", ""):
     os.environ["PATH"] = f"{_node_bin}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+@pytest.fixture(autouse=True)
+def _eks_calendar_day(monkeypatch):
+    """Judge the EKS support windows on a fixed day (2026-12-01, when these tests were written), so that the suite
+    does not change result when a window closes; the tests of the windows pass their own dates."""
+    monkeypatch.setattr("eks_dra.versions.utc_today", lambda: datetime.date(2026, 12, 1))

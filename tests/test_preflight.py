@@ -174,3 +174,76 @@ def test_cli_exit_codes(tmp_path, capsys):
     assert "credentials belong to 123456789012" in out and "account" in out
     assert main(["preflight", "-c", "env=missing", "--config-dir", str(tmp_path)]) == 2
     assert "no such environment file" in capsys.readouterr().err
+
+
+# --- the Kubernetes version: DescribeClusterVersions and DescribeCluster (botocore Stubber) ---
+
+def _eks_stub(client, *, offered: list[dict], cluster_version: str | None, version: str = "1.34",
+             addon_versions: tuple[str, ...] = ("v1.21.0-eksbuild.1", "v1.20.1-eksbuild.3")) -> Stubber:
+    stubber = Stubber(client)
+    stubber.add_response("describe_cluster_versions", {"clusterVersions": offered},
+                         {"clusterVersions": [version], "includeAll": True})
+    stubber.add_response("describe_addon_versions", {"addons": [{"addonName": "vpc-cni", "addonVersions": [
+        {"addonVersion": v} for v in addon_versions]}]}, {"addonName": "vpc-cni", "kubernetesVersion": version})
+    if cluster_version is None:
+        stubber.add_client_error("describe_cluster", "ResourceNotFoundException", http_status_code=404,
+                                 expected_params={"name": "eks-dra-t"})
+    else:
+        stubber.add_response("describe_cluster", {"cluster": {"name": "eks-dra-t", "version": cluster_version}},
+                             {"name": "eks-dra-t"})
+    return stubber
+
+
+def _offered(version: str, status: str, standard: str, extended: str) -> dict:
+    return {"clusterVersion": version, "versionStatus": status, "kubernetesPatchVersion": f"{version}.3",
+            "endOfStandardSupportDate": datetime.fromisoformat(standard).replace(tzinfo=UTC),
+            "endOfExtendedSupportDate": datetime.fromisoformat(extended).replace(tzinfo=UTC)}
+
+
+def test_kubernetes_version_offered_until_and_upgrade_path(tmp_path):
+    from eks_dra.preflight import check_kubernetes_version
+
+    env = env_from(tmp_path, """\
+        region: us-east-2
+        kubernetesVersion: "1.36"
+        nodeGroups:
+          - {name: system, instanceType: m7i.xlarge}
+    """)
+    eks = boto3.client("eks", region_name=REGION)
+    with _eks_stub(eks, version="1.36", cluster_version="1.35",
+                   offered=[_offered("1.36", "STANDARD_SUPPORT", "2027-08-02", "2028-08-02")]):
+        version, addon, upgrade = check_kubernetes_version(eks, env)
+    assert (version.status, addon.status, upgrade.status) == (OK, OK, OK)
+    assert addon.detail == "v1.20.1-eksbuild.3 is offered for Kubernetes 1.36"
+    assert version.detail == ("offered (STANDARD_SUPPORT, patch 1.36.3); standard support until 2027-08-02, "
+                              "extended support until 2028-08-02")
+    assert upgrade.detail.startswith("runs 1.35: deploy upgrades the control plane to 1.36, then the node groups")
+    # a two-minor jump is refused with the reason, before CloudFormation tries it
+    with _eks_stub(eks, version="1.36", cluster_version="1.34",
+                   offered=[_offered("1.36", "STANDARD_SUPPORT", "2027-08-02", "2028-08-02")]):
+        _, _, upgrade = check_kubernetes_version(eks, env)
+    assert upgrade.status == FAIL and "one minor version at a time" in upgrade.detail
+    assert 'set kubernetesVersion: "1.35", deploy, then "1.36"' in upgrade.detail
+
+
+def test_kubernetes_version_in_extended_support_or_not_offered(tmp_path):
+    from eks_dra.preflight import check_kubernetes_version
+
+    env = env_from(tmp_path, """\
+        region: us-east-2
+        kubernetesVersion: "1.33"
+        nodeGroups:
+          - {name: system, instanceType: m7i.xlarge}
+    """)
+    eks = boto3.client("eks", region_name=REGION)
+    with _eks_stub(eks, version="1.33", cluster_version=None,
+                   offered=[_offered("1.33", "EXTENDED_SUPPORT", "2026-07-29", "2027-07-29")]):
+        version, _, new = check_kubernetes_version(eks, env)
+    assert version.status == WARN and "standard support until 2026-07-29" in version.detail
+    assert "$0.60 per cluster-hour" in version.detail
+    assert (new.status, new.detail) == (OK, "no cluster yet: created at 1.33")
+    with _eks_stub(eks, version="1.33", cluster_version=None, offered=[], addon_versions=("v1.21.0-eksbuild.1",)):
+        version, addon, _ = check_kubernetes_version(eks, env)
+    assert version.status == FAIL and "EKS does not offer this version" in version.detail
+    assert addon.status == FAIL and addon.detail.startswith("v1.20.1-eksbuild.3 is not offered for Kubernetes 1.33; "
+                                                            "EKS offers v1.21.0-eksbuild.1")

@@ -6,11 +6,11 @@ import cdk8s
 from cdk8s_plus_34 import k8s
 from constructs import Construct
 
-from eks_dra.devices.classes import DeviceClassDefinition, DeviceClasses
+from eks_dra.devices.classes import EXTENDED_RESOURCES, DeviceClassDefinition, DeviceClasses
 
 from . import labels
 
-__all__ = ["DeviceClassDefinition", "DeviceClasses", "DeviceClassesChart"]
+__all__ = ["EXTENDED_RESOURCES", "DeviceClassDefinition", "DeviceClasses", "DeviceClassesChart"]
 
 
 class DeviceClassesChart(cdk8s.Chart):
@@ -22,5 +22,6 @@ class DeviceClassesChart(cdk8s.Chart):
             k8s.KubeDeviceClass(
                 self, d.name,
                 metadata=k8s.ObjectMeta(name=d.name, labels=labels.app_labels(d.name, "device-class")),
-                spec=k8s.DeviceClassSpec(selectors=[k8s.DeviceSelector(cel=k8s.CelDeviceSelector(expression=d.expression))]),
+                spec=k8s.DeviceClassSpec(selectors=[k8s.DeviceSelector(cel=k8s.CelDeviceSelector(expression=d.expression))],
+                                         extended_resource_name=d.extended_resource_name),
             )

@@ -48,6 +48,10 @@ class DriverSettings:
     # gpu: the host path the NVIDIA driver is installed under (upstream chart's nvidiaDriverRoot): `/` on the
     # AL2023 NVIDIA AMI and Bottlerocket, /run/nvidia/driver with the GPU Operator's driver container.
     nvidia_driver_root: str = "/"
+    # From the environment's Kubernetes version (eks_dra.versions): unhealthy devices as device taints
+    # (DRADeviceTaints) and the kubelet's device-health stream (ResourceHealthStatus).
+    device_taints: bool = False
+    dra_health: bool = False
 
     @property
     def name(self) -> str:
@@ -243,6 +247,8 @@ class DriverChart(cdk8s.Chart):
             k8s.EnvVar(name="CDI_ROOT", value=CDI_ROOT),
             k8s.EnvVar(name="HEALTH_PORT", value=str(s.health_port)),
             k8s.EnvVar(name="METRICS_PORT", value=str(s.metrics_port)),
+            *([k8s.EnvVar(name="DEVICE_TAINTS", value="true")] if s.device_taints else []),
+            *([k8s.EnvVar(name="DRA_HEALTH", value="true")] if s.dra_health else []),
         ]
         if s.family == "gpu":
             # NVML and nvidia-smi come from the host's driver root by explicit path; "void" keeps an nvidia

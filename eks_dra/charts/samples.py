@@ -19,12 +19,10 @@ from constructs import Construct
 from eks_dra.devices import PCIE_ROOT, Device, names
 
 from . import labels
-from .device_classes import DeviceClasses
+from .device_classes import EXTENDED_RESOURCES, DeviceClasses
 
 SAMPLE_IMAGE = "public.ecr.aws/docker/library/busybox:1.37"
 DEVICE_GROUP4 = "resource.aws.com/devicegroup4_id"
-# Extended resources of the device plugins (reference eks-accelerators.md §3.2, §3.4, §3.6).
-EXTENDED_RESOURCES = {"gpu": "nvidia.com/gpu", "efa": "vpc.amazonaws.com/efa", "neuron": "aws.amazon.com/neuron"}
 PREFERRED_GPUS = ("H100", "H200")
 # Our drivers read the upstream kinds, so one form serves both implementations of a family.
 OPAQUE_API = {"gpu": (names.GPU_CONFIG_API_VERSION, names.GPU_CONFIG_KIND),
@@ -93,7 +91,7 @@ class SamplesChart(cdk8s.Chart):
 
     def __init__(self, scope: Construct, id: str, *, groups: list[NodeGroupDevices], classes: DeviceClasses,
                  namespace: str = labels.SAMPLES_NAMESPACE, image: str = SAMPLE_IMAGE,
-                 compute_domains: bool = False) -> None:
+                 compute_domains: bool = False, extended_resources: bool = False) -> None:
         super().__init__(scope, id, disable_resource_name_hashes=True)
         self.ns = namespace
         self.image = image
@@ -108,6 +106,8 @@ class SamplesChart(cdk8s.Chart):
             self._shared_gpu()
             self._time_slicing()
             self._prioritized(groups)
+            if extended_resources and not classes.upstream("gpu"):
+                self._extended_resource_gpu()
         aligned = _first(groups, lambda g: g.dra("gpu", "efa") and efas_per_gpu_root(g) > 0)
         if aligned:
             self._gpu_efa_aligned()
@@ -322,6 +322,11 @@ class SamplesChart(cdk8s.Chart):
             name="gpu", exactly=self._exact(self.classes.class_name("gpu"), 1))]))
         k8s.KubePod(self, f"{name}-pod", metadata=self._meta(name, name),
                     spec=self._pod_spec(template=f"{name}-gpu", more_templates={"channel": channel}))
+
+    def _extended_resource_gpu(self) -> None:
+        """Two GPUs asked for as the device plugin's extended resource, no claim: where DRAExtendedResource is on
+        the scheduler writes an implicit claim for our GPU class (its extendedResourceName) on a DRA node."""
+        self._pod("extended-resource-gpu", "extended-resource-gpu", extended={EXTENDED_RESOURCES["gpu"]: 2})
 
     def _device_plugin_pod(self, family: str) -> None:
         """The device-plugin alternative: an extended resource; the scheduler finds the plugin's nodes."""

@@ -13,12 +13,18 @@ from dataclasses import dataclass
 from . import efa, gpu
 from .names import DEVICE_KINDS, FAMILIES, UPSTREAM_CLASSES, UPSTREAM_DRIVER_NAMES, DeviceKind, DriverNames
 
+# Extended resources of the device plugins (reference eks-accelerators.md §3.2, §3.4, §3.6). Where the
+# DRAExtendedResource gate is on (1.36+), our class of the family's whole devices carries the same name, so a
+# pod with `nvidia.com/gpu: 1` in its limits is served by our DRA driver on a DRA node (an implicit claim).
+EXTENDED_RESOURCES = {"gpu": "nvidia.com/gpu", "efa": "vpc.amazonaws.com/efa", "neuron": "aws.amazon.com/neuron"}
+
 
 @dataclass(frozen=True)
 class DeviceClassDefinition:
     name: str
     family: str
     expression: str  # the CEL selector
+    extended_resource_name: str | None = None  # spec.extendedResourceName (DRAExtendedResource)
 
 
 @dataclass(frozen=True)
@@ -50,22 +56,24 @@ class DeviceClasses:
         """CEL for one of the driver's own attributes of `device`, e.g. device.attributes['gpu.nvidia.com'].type."""
         return f"device.attributes['{self.driver(family)}'].{name}"
 
-    def definition(self, kind: DeviceKind) -> DeviceClassDefinition:
-        """The class of one device kind, with the upstream charts' selector semantics."""
+    def definition(self, kind: DeviceKind, extended_resources: bool = False) -> DeviceClassDefinition:
+        """The class of one device kind, with the upstream charts' selector semantics. With `extended_resources`,
+        a whole-device class names the device plugin's extended resource."""
         family = "gpu" if kind == "mig" else kind
         expression = f"device.driver == '{self.driver(family)}'"
         if family == "gpu":
             expression += f" && {self.attribute('gpu', gpu.TYPE)} == '{kind}'"
         elif family == "efa":  # aws-dranet's class: DRANET also publishes non-EFA network devices
             expression += f" && {self.attribute('efa', efa.PCI_DEVICE)} == '{efa.EFA_PCI_DEVICE_NAME}'"
-        return DeviceClassDefinition(self.class_name(kind), family, expression)
+        extended = EXTENDED_RESOURCES.get(kind) if extended_resources else None
+        return DeviceClassDefinition(self.class_name(kind), family, expression, extended)
 
-    def owned(self, kinds: tuple[str, ...]) -> list[DeviceClassDefinition]:
+    def owned(self, kinds: tuple[str, ...], extended_resources: bool = False) -> list[DeviceClassDefinition]:
         """The classes eks-dra creates for the device kinds present (`gpu`, `mig`, `efa`, `neuron`) that its own
         drivers serve. A class no node could ever satisfy (MIG without a MIG node group) is left out."""
-        return [self.definition(kind) for kind in kinds  # type: ignore[arg-type]
+        return [self.definition(kind, extended_resources) for kind in kinds  # type: ignore[arg-type]
                 if not self.upstream("gpu" if kind == "mig" else kind)]
 
-    def all(self) -> list[DeviceClassDefinition]:
+    def all(self, extended_resources: bool = False) -> list[DeviceClassDefinition]:
         """Every class a cluster of this environment has: ours and the vendor charts'."""
-        return [self.definition(kind) for kind in DEVICE_KINDS]
+        return [self.definition(kind, extended_resources) for kind in DEVICE_KINDS]

@@ -85,6 +85,7 @@ class Device:
     name: str
     attributes: dict[str, AttributeValue] = field(default_factory=dict)
     capacity: dict[str, str] = field(default_factory=dict)  # Kubernetes quantities, e.g. "81920Mi"
+    taints: list[dict] = field(default_factory=list)  # {key, value, effect} (DRADeviceTaints, 1.36+)
 
     def to_api(self) -> dict:
         out: dict = {"name": self.name}
@@ -92,6 +93,8 @@ class Device:
             out["attributes"] = {k: attribute_to_api(v) for k, v in sorted(self.attributes.items())}
         if self.capacity:
             out["capacity"] = {k: {"value": v} for k, v in sorted(self.capacity.items())}
+        if self.taints:
+            out["taints"] = [dict(t) for t in self.taints]
         return out
 
     @classmethod
@@ -100,6 +103,7 @@ class Device:
             name=obj["name"],
             attributes={k: attribute_from_api(v) for k, v in (obj.get("attributes") or {}).items()},
             capacity={k: str(v["value"]) for k, v in (obj.get("capacity") or {}).items()},
+            taints=[{k: t[k] for k in ("key", "value", "effect") if k in t} for t in obj.get("taints") or []],
         )
 
 

@@ -27,6 +27,7 @@ from .checkpoint import (
     PreparedDevice,
 )
 from .device_setup import DeviceSetup
+from .device_taints import taint_for
 from .driver_config import DriverConfig
 from .events import EventRecorder
 from .gpu.host import GpuHost
@@ -68,7 +69,9 @@ class Driver:
         self.started_at = time.monotonic()
         self.metrics = DriverMetrics(cfg.driver_name)
         self.events = EventRecorder(api, cfg.driver_name, cfg.node_name)
-        self.inventory = InventoryView(inventory_source, health_source)
+        taint = ((lambda reason: taint_for(cfg.driver_name, cfg.family, reason).to_api())
+                 if cfg.device_taints else None)
+        self.inventory = InventoryView(inventory_source, health_source, taint)
         state_dir = cfg.state_path
         state_dir.mkdir(parents=True, exist_ok=True)
         self.lock = NodeLock(state_dir, cfg.lock_timeout_s)
@@ -286,7 +289,8 @@ class Driver:
                     self.events.normal("DeviceHealthy", f"{self.cfg.driver_name}: device {names} healthy again; "
                                                         "published")
                 else:
-                    self.events.warning("DeviceUnhealthy", f"{self.cfg.driver_name}: device {names} withdrawn from "
+                    what = "tainted in" if self.cfg.device_taints else "withdrawn from"
+                    self.events.warning("DeviceUnhealthy", f"{self.cfg.driver_name}: device {names} {what} "
                                                            f"the ResourceSlice: {group[0].reason}"
                                                            + (f" (and {len(group) - 1} more)" if len(group) > 1 else ""))
         self.metrics.unhealthy_devices.labels(self.cfg.driver_name).set(len(self.inventory.unhealthy()))

@@ -31,6 +31,7 @@ class DriverConfig:
     rediscover_interval_s: float = 10.0
     resync_interval_s: float = 30.0
     dra_health_stream: bool = False
+    device_taints: bool = False  # unhealthy devices stay in the slices, tainted (DRADeviceTaints, 1.36+)
     lock_timeout_s: float = 30.0
     durable: bool = True  # fsync the checkpoint (tests turn it off for speed)
     gpu_host: GpuHost | None = None  # the NVIDIA driver root and tools (default: the driver root / under host_root)

@@ -3,7 +3,8 @@
 Two sources: `discover()` (discovery.discover: the device topology, run at start, every
 `rediscover_s` and on demand) and `poll_health()` (health_sources.HealthMonitor.poll: NVML XID/ECC events,
 Neuron error counters, EFA port state; cheap, run every tick). A MIG device is withdrawn whenever its
-parent GPU is unhealthy, whatever the MIG device itself reports.
+parent GPU is unhealthy, whatever the MIG device itself reports. With `taint` (DRADeviceTaints, 1.36+)
+an unhealthy device stays published, carrying the taint `taint(reason)` (eks_dra.drivers.device_taints).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -30,9 +31,11 @@ class HealthChange:
 class InventoryView:
     """Thread-safe snapshot of the latest inventory with effective (parent-aware) health."""
 
-    def __init__(self, source: InventorySource, health: HealthSource | None = None) -> None:
+    def __init__(self, source: InventorySource, health: HealthSource | None = None,
+                 taint: Callable[[str], dict] | None = None) -> None:
         self.source = source
         self.health_source = health
+        self.taint = taint
         self._inventory = None
         self._lock = threading.Lock()
         self.ready = False
@@ -81,8 +84,16 @@ class InventoryView:
         return [d.to_api() for d in self._published()]
 
     def _published(self) -> list:
-        """Devices that belong in the slices: discovered and effectively healthy."""
-        return [d.device for name, d in sorted(self.devices.items()) if self.health.get(name, (False, ""))[0]]
+        """Devices that belong in the slices: discovered and effectively healthy; with `taint`, every discovered
+        device, an unhealthy one carrying its taint."""
+        out = []
+        for name, d in sorted(self.devices.items()):
+            healthy, reason = self.health.get(name, (False, ""))
+            if healthy:
+                out.append(d.device)
+            elif self.taint is not None:
+                out.append(replace(d.device, taints=[self.taint(reason)]))
+        return out
 
     def published_devices(self) -> list | None:
         """The devices to publish, or None while the inventory is not ready (never publish a partial one)."""

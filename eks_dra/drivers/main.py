@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nvidia-cdi-hook-path", default=_env("NVIDIA_CDI_HOOK_PATH"),
                    help="gpu: host path of nvidia-container-toolkit's nvidia-cdi-hook named in CDI specs "
                         "(default: the first of /usr/bin, /usr/local/bin, /usr/local/nvidia/toolkit on the host)")
+    p.add_argument("--device-taints", action="store_true", default=_env("DEVICE_TAINTS") in ("1", "true"),
+                   help="keep unhealthy devices in the slices with a device taint instead of withdrawing them "
+                        "(control-plane gate DRADeviceTaints, on from Kubernetes 1.36)")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), choices=("debug", "info", "warning", "error"))
     return p
 
@@ -105,7 +108,8 @@ def config_from_args(args: argparse.Namespace):
         pod_uid=args.pod_uid or None, health_port=health_port, health_address=args.health_address,
         metrics_port=metrics_port, reconcile_interval_s=args.reconcile_interval,
         health_interval_s=args.health_interval, rediscover_interval_s=args.rediscover_interval,
-        resync_interval_s=args.resync_interval, dra_health_stream=args.dra_health, gpu_host=gpu_host)
+        resync_interval_s=args.resync_interval, dra_health_stream=args.dra_health, gpu_host=gpu_host,
+        device_taints=args.device_taints)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,8 +42,10 @@ def _normal_devices(devices: list[dict]) -> list:
     out = []
     for d in devices or []:
         capacity = {k: quantity_value((v or {}).get("value", "")) for k, v in (d.get("capacity") or {}).items()}
+        # A taint's timeAdded is the API server's; key, value and effect are ours.
+        taints = [(t.get("key"), t.get("value"), t.get("effect")) for t in d.get("taints") or []]
         out.append((d.get("name"), {k: v for k, v in sorted((d.get("attributes") or {}).items())},
-                    sorted(capacity.items())))
+                    sorted(capacity.items()), taints))
     return sorted(out, key=lambda t: t[0])
 
 

@@ -13,6 +13,6 @@ Where the plan can differ from kube-scheduler 1.34 (choices made on purpose, see
 - CEL: expressions are not type-checked at compile time (a type error shows at evaluation), there is no cost
   limit, and a domain reached only through a computed key (not a string literal) is an error rather than an
   empty map. `cel.bind` is rewritten into an equivalent comprehension.
-- Not modelled: device taints and tolerations, consumable capacity and partitionable devices (alpha in
+- Not modelled: consumable capacity and partitionable devices (alpha in
   1.34), claims already allocated in the input (`status.allocation`), pod priority and preemption.
 """

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .cel_env import CelEnvironment, Selector, SelectorRuntimeError
-from .model import DeviceRequest, MatchAttribute, PlanClaim, Request
+from .model import DeviceRequest, MatchAttribute, PlanClaim, Request, tolerates
 from .simulate import SimDevice, SimNode
 
 MAX_RESULTS_PER_CLAIM = 32  # AllocationResultsMaxSize
@@ -114,6 +114,10 @@ class Matcher:
         if found is None:
             found = Candidates([])
             for device in node.devices:
+                # A device taint (DRADeviceTaints) keeps every request off the device that does not tolerate it.
+                if any(effect in ("NoSchedule", "NoExecute") and not tolerates(request.tolerations, key, value, effect)
+                       for key, value, effect in device.taints):
+                    continue
                 result = self.selects(request.device_class.selectors, device)
                 if result is True:
                     result = self.selects(request.selectors, device)

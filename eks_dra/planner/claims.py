@@ -45,6 +45,7 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUALIFIED = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z_][A-Za-z0-9_]*$")
 _WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job", "CronJob", "DaemonSet")
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+DEVICE_CLASS_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: 10x faster
 
 
@@ -280,7 +281,8 @@ class _Loader:
         if not isinstance(admin, bool):
             raise UserError(f"{where}: {path}.adminAccess: must be true or false")
         selectors = self._selectors(raw.get("selectors"), f"{where}: {path}.selectors")
-        return DeviceRequest(name, sub, device_class, selectors, mode == "All", count, admin, path)
+        tolerations = _tolerations(raw.get("tolerations"), f"{where}: {path}")
+        return DeviceRequest(name, sub, device_class, selectors, mode == "All", count, admin, path, tolerations)
 
 
 def _tolerations(value: Any, where: str) -> tuple[Toleration, ...]:
@@ -342,8 +344,48 @@ def _class_names(spec: Any) -> set[str]:
     return names
 
 
+def extended_resource_classes(docs: list[_Doc]) -> dict[str, str]:
+    """Extended resource name -> DeviceClass, as the DRAExtendedResource scheduler maps them: a class's
+    spec.extendedResourceName, and deviceclass.resource.kubernetes.io/<class> for every class."""
+    out: dict[str, str] = {}
+    for doc in docs:
+        if doc.kind == "DeviceClass" and doc.obj.get("apiVersion") in RESOURCE_API_VERSIONS:
+            out[f"{DEVICE_CLASS_RESOURCE_PREFIX}{doc.name}"] = doc.name
+            name = (doc.obj.get("spec") or {}).get("extendedResourceName")
+            if isinstance(name, str):
+                out[name] = doc.name
+    return out
+
+
+def _extended_resource_requests(pod_spec: dict, classes: dict[str, str]) -> list[dict]:
+    """The requests of the claim the 1.36 scheduler writes for a pod's extended resources backed by DRA: one
+    per container and resource, named container-<index>-request-<index in the container's sorted requests>
+    (pkg/scheduler/framework/plugins/dynamicresources/extendeddynamicresources.go). Init containers are
+    counted in the index but their devices are not modelled."""
+    requests = []
+    offset = len(pod_spec.get("initContainers") or [])
+    for i, container in enumerate(pod_spec.get("containers") or []):
+        resources = (container or {}).get("resources") or {}
+        # An extended resource's request defaults to its limit.
+        asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        names = sorted(asked)
+        for name in names:
+            if name not in classes:
+                continue
+            try:
+                count = int(str(asked[name]))
+            except ValueError:
+                raise UserError(f"container {container.get('name')!r}: resources {name}: {asked[name]!r} is not "
+                                "a whole number of devices") from None
+            if count > 0:
+                requests.append({"name": f"container-{offset + i}-request-{names.index(name)}",
+                                 "exactly": {"deviceClassName": classes[name], "count": count}})
+    return requests
+
+
 def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tuple[DeviceClassDefinition, ...] = (),
-                   external_classes: dict[str, str] | None = None, compute_domains: str | None = None) -> Manifests:
+                   external_classes: dict[str, str] | None = None, compute_domains: str | None = None,
+                   extended_resources: bool = False) -> Manifests:
     """Parse every DeviceClass, claim, template and claim-using workload in the files.
 
     `builtin_classes` are the cluster's own DeviceClasses (a class in the files replaces one of them).
@@ -351,6 +393,9 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
     said so in `Manifests.skipped`: its devices come from a controller eks-dra does not simulate. With
     `compute_domains` (who serves them), the channel ResourceClaimTemplate that a ComputeDomain in the files
     names is that controller's too: a pod's claim of it is reported, the pod's other claims are planned.
+
+    With `extended_resources` (the DRAExtendedResource gate, on from 1.36) a pod that asks for a DeviceClass's
+    extended resource in its containers' resources gets the claim the scheduler would write for it.
     """
     docs = read_documents(paths)
     skipped: list[str] = []
@@ -362,6 +407,12 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
         where = f"{source}: spec.selectors[0].cel.expression"
         loader.classes[definition.name] = DeviceClass(definition.name, (env.compile(definition.expression, where),),
                                                       source)
+    extended_classes = extended_resource_classes(docs) if extended_resources else {}
+    if extended_resources:
+        for definition in builtin_classes:  # a class in the files replaces a built-in one of the same name
+            extended_classes.setdefault(f"{DEVICE_CLASS_RESOURCE_PREFIX}{definition.name}", definition.name)
+            if definition.extended_resource_name and definition.extended_resource_name not in extended_classes:
+                extended_classes[definition.extended_resource_name] = definition.name
     for doc in docs:  # classes first: claims may come before their class in the files
         if doc.kind == "DeviceClass" and doc.obj.get("apiVersion") in RESOURCE_API_VERSIONS:
             loader.device_class(doc)
@@ -412,9 +463,15 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
             continue
         pod_spec, count = _pod_count(doc)
         entries = pod_spec.get("resourceClaims") or []
-        if not entries:
-            continue
         where = f"{doc.source()}: {'spec' if doc.kind == 'Pod' else 'pod template spec'}"
+        try:
+            extended = _extended_resource_requests(pod_spec, extended_classes) if extended_classes else []
+        except UserError as exc:
+            raise UserError(f"{where}: {exc}") from None
+        extended_spec = loader.claim_spec({"devices": {"requests": extended}}, where, "extended resources",
+                                          "resource.k8s.io/v1") if extended else None
+        if not entries and extended_spec is None:
+            continue
         refs = {("ResourceClaim" if "resourceClaimName" in e else "ResourceClaimTemplate", doc.namespace,
                  e.get("resourceClaimName") or e.get("resourceClaimTemplateName"))
                 for e in entries if isinstance(e, dict)}
@@ -424,6 +481,9 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
         for i in range(count):
             pod_name = doc.name if doc.kind in ("Pod", "DaemonSet") else f"{doc.name}-{i}"
             pod_claims: list[PlanClaim] = []
+            if extended_spec is not None:
+                pod_claims.append(PlanClaim(f"{pod_name}-extended-resources", doc.namespace, extended_spec,
+                                            doc.source()))
             daemon_templates: list[tuple[str, ClaimSpec, Source]] = []
             for j, entry in enumerate(_Loader._list(entries, f"{where}.resourceClaims")):
                 entry = _Loader._mapping(entry, f"{where}.resourceClaims[{j}]")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from eks_dra.devices import FAMILIES
 from eks_dra.devices.classes import DeviceClasses
 from eks_dra.devices.names import COMPUTE_DOMAIN_CLASSES, COMPUTE_DOMAIN_DRIVER
 from eks_dra.errors import UserError
+from eks_dra.versions import DEFAULT_KUBERNETES_VERSION, DRA_EXTENDED_RESOURCE, VERSIONS
 
 from .cel_env import CelEnvironment
 from .claims import load_manifests, read_documents
@@ -48,13 +48,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="driver name of a device family (gpu, efa, neuron) if not the eks-dra default")
 
 
-DEFAULT_KUBERNETES_VERSION = "1.34"
 COMPUTE_DOMAIN_CONTROLLER = f"the NVIDIA ComputeDomain controller ({COMPUTE_DOMAIN_DRIVER})"
 
 
 def _kubernetes_version(text: str) -> str:
-    if not re.fullmatch(r"1\.\d{2}", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a Kubernetes minor version such as 1.34")
+    if text not in VERSIONS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Kubernetes version eks-dra plans for; "
+                                          f"use one of {', '.join(VERSIONS)}")
     return text
 
 
@@ -112,10 +112,13 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
             nodes = nodes_for_instance_type(args.instance_type, args.nodes, names=classes.names,
                                             mig_profile=args.mig_profile)
         files = args.claims
+    extended_resources = VERSIONS[version].gate(DRA_EXTENDED_RESOURCE)
     env = CelEnvironment()
     external = {c: COMPUTE_DOMAIN_CONTROLLER for c in COMPUTE_DOMAIN_CLASSES} if compute_domains else {}
-    manifests = load_manifests(list(files), env, builtin_classes=tuple(classes.all()), external_classes=external,
-                               compute_domains=COMPUTE_DOMAIN_CONTROLLER if compute_domains else None)
+    manifests = load_manifests(list(files), env, builtin_classes=tuple(classes.all(extended_resources)),
+                               external_classes=external,
+                               compute_domains=COMPUTE_DOMAIN_CONTROLLER if compute_domains else None,
+                               extended_resources=extended_resources)
     ours = {classes.driver(f): f for f in FAMILIES if not classes.upstream(f)}
     result = Planner(env, nodes, config_drivers=ours, kubernetes_version=version).run(manifests.pods)
     result.warnings.extend(manifests.skipped)

@@ -40,6 +40,7 @@ class DeviceRequest:
     count: int  # ExactCount only
     admin_access: bool
     field: str  # spec path, for messages
+    tolerations: tuple[Toleration, ...] = ()  # of device taints (DRADeviceTaints)
 
     @property
     def result_name(self) -> str:
@@ -49,7 +50,7 @@ class DeviceRequest:
     @property
     def match_key(self) -> tuple:
         """Requests with equal keys select the same devices (class and request selectors)."""
-        return (self.device_class.name, tuple(s.expression for s in self.selectors))
+        return (self.device_class.name, tuple(s.expression for s in self.selectors), self.tolerations)
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,6 +117,18 @@ class Toleration:
     operator: str  # Equal | Exists
     value: str | None
     effect: str | None
+
+
+def tolerates(tolerations: tuple[Toleration, ...], key: str, value: str, effect: str) -> bool:
+    """Whether one of the tolerations (of a pod, or of a device request) tolerates the taint."""
+    for t in tolerations:
+        if t.effect and t.effect != effect:
+            continue
+        if t.operator == "Exists" and (not t.key or t.key == key):
+            return True
+        if t.operator == "Equal" and t.key == key and (t.value or "") == value:
+            return True
+    return False
 
 
 @dataclass(frozen=True)

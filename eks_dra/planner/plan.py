@@ -18,7 +18,7 @@ from eks_dra.drivers.configs import ConfigError, settings_per_request
 from .allocator import AllocationError, FilterTimeout, Matcher, NodeSearch
 from .cel_env import CelEnvironment
 from .diagnose import explain_static
-from .model import AllocatedDevice, DeviceRequest, PlanClaim, PlanPod, Toleration
+from .model import AllocatedDevice, DeviceRequest, PlanClaim, PlanPod, tolerates
 from .simulate import SimDevice, SimNode
 
 _ATTRIBUTE_REF = re.compile(
@@ -39,17 +39,6 @@ class PlanResult:
 
 # --- node placement (nodeSelector, required node affinity, taints) ------------------------------------
 
-def _tolerates(tolerations: tuple[Toleration, ...], key: str, value: str, effect: str) -> bool:
-    for t in tolerations:
-        if t.effect and t.effect != effect:
-            continue
-        if t.operator == "Exists" and (not t.key or t.key == key):
-            return True
-        if t.operator == "Equal" and t.key == key and (t.value or "") == value:
-            return True
-    return False
-
-
 def placement_problem(pod: PlanPod, node: SimNode) -> str | None:
     """Why the pod may not run on the node (labels and taints); None when it may."""
     if pod.implicit:
@@ -60,7 +49,7 @@ def placement_problem(pod: PlanPod, node: SimNode) -> str | None:
     if pod.affinity_terms and not any(_term_matches(term, node) for term in pod.affinity_terms):
         return "required node affinity does not match"
     for key, value, effect in node.taints:
-        if effect in ("NoSchedule", "NoExecute") and not _tolerates(pod.tolerations, key, value, effect):
+        if effect in ("NoSchedule", "NoExecute") and not tolerates(pod.tolerations, key, value, effect):
             return f"taint {key}={value}:{effect} is not tolerated"
     return None
 

@@ -36,6 +36,7 @@ class SimDevice:
     qualified: dict[str, tuple[str, object]]
     uid: int = 0  # unique in the plan (CEL context cache key)
     owner: PlanClaim | None = None  # exclusive allocation; admin access does not own
+    taints: tuple[tuple[str, str, str], ...] = ()  # device taints (key, value, effect) of published slices
 
     def attribute(self, name: str) -> tuple[str, object] | None:
         return self.qualified.get(name)
@@ -98,8 +99,10 @@ def simulate_plan_node(instance_type: str, node_name: str, *, names: DriverNames
 
 
 def sim_device(driver: str, pool: str, name: str, attributes: dict[str, AttributeValue],
-               capacity: dict[str, str] | None = None) -> SimDevice:
-    return SimDevice(0, driver, pool, name, attributes, capacity or {}, _qualified(driver, attributes))
+               capacity: dict[str, str] | None = None,
+               taints: tuple[tuple[str, str, str], ...] = ()) -> SimDevice:
+    return SimDevice(0, driver, pool, name, attributes, capacity or {}, _qualified(driver, attributes),
+                     taints=taints)
 
 
 def sim_node(name: str, instance_type: str, devices: list[SimDevice], *, group: str | None = None,
@@ -185,7 +188,8 @@ def nodes_from_slices(slices: list[tuple[dict, str]]) -> list[SimNode]:
                 device = Device.from_api(raw)
             except (KeyError, TypeError, ValueError, AttributeError):
                 raise UserError(f"{where}: spec.devices[{i}]: not a valid device (name, attributes, capacity)") from None
-            devices.append(sim_device(driver, pool, device.name, device.attributes, device.capacity))
+            taints = tuple((t.get("key", ""), t.get("value", ""), t.get("effect", "")) for t in device.taints)
+            devices.append(sim_device(driver, pool, device.name, device.attributes, device.capacity, taints))
     nodes = []
     for name, devices in per_node.items():
         # Published nodes may differ from each other: each is its own layout, named by itself in messages.

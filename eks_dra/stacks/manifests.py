@@ -20,6 +20,7 @@ from eks_dra.charts.upstream import UNPINNABLE, UPSTREAM_CHARTS, HelmChartSpec, 
 from eks_dra.config import EnvironmentConfig
 from eks_dra.devices import FAMILIES, simulate_node
 from eks_dra.errors import UserError
+from eks_dra.versions import DRA_DEVICE_TAINTS, DRA_EXTENDED_RESOURCE, RESOURCE_HEALTH_STATUS, VERSIONS
 
 MANIFEST_SUFFIX = ".k8s.yaml"
 
@@ -69,6 +70,7 @@ def build_k8s_app(env: EnvironmentConfig, image: str | None = None, *, outdir: P
     app = cdk8s.App(outdir=str(outdir) if outdir else None, output_file_extension=MANIFEST_SUFFIX,
                     yaml_output_type=cdk8s.YamlOutputType.FILE_PER_CHART)
     classes = device_classes(env)
+    release = VERSIONS[env.kubernetes_version]
     dra_families = _families(env, labels.MANAGER_DRA)
     ours = tuple(f for f in dra_families if not classes.upstream(f))
     image = image or env.driver_image or DEFAULT_IMAGE
@@ -82,9 +84,11 @@ def build_k8s_app(env: EnvironmentConfig, image: str | None = None, *, outdir: P
             order.append(DriverChart(app, f"eks-dra-driver-{family}", settings=DriverSettings(
                 family=family, driver_name=classes.driver(family), image=image,
                 other_readiness_taints=readiness,
-                selinux_enforcing_hosts=any(g.ami_family == "bottlerocket" for g in env.dra_node_groups(family)))))
+                selinux_enforcing_hosts=any(g.ami_family == "bottlerocket" for g in env.dra_node_groups(family)),
+                device_taints=release.gate(DRA_DEVICE_TAINTS), dra_health=release.gate(RESOURCE_HEALTH_STATUS))))
     groups = node_group_devices(env)
-    definitions = classes.owned(_dra_device_kinds(groups))
+    extended_resources = release.gate(DRA_EXTENDED_RESOURCE)
+    definitions = classes.owned(_dra_device_kinds(groups), extended_resources=extended_resources)
     if definitions:
         order.append(DeviceClassesChart(app, "eks-dra-device-classes", definitions=definitions))
     plugin_families = _families(env, labels.MANAGER_DEVICE_PLUGIN)
@@ -94,7 +98,7 @@ def build_k8s_app(env: EnvironmentConfig, image: str | None = None, *, outdir: P
             gpu_nodes_use_efa=any(g.efa_enabled for g in env.device_plugin_node_groups("gpu")),
             region=env.region or "us-west-2", readiness_taints=readiness)))
     order.append(SamplesChart(app, "dra-samples", groups=groups, classes=classes,
-                              compute_domains=env.compute_domains))
+                              compute_domains=env.compute_domains, extended_resources=extended_resources))
     for before, after in zip(order, order[1:], strict=False):
         after.add_dependency(before)
     return app

@@ -10,7 +10,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-from controlplane import MIN_GO, ControlPlane, KubeletStandIn, ensure_binary, go_available, go_version, sa_kubeconfig
+from controlplane import (
+    MIN_GO,
+    TIER_VERSION,
+    ControlPlane,
+    KubeletStandIn,
+    ensure_binary,
+    go_available,
+    go_version,
+    sa_kubeconfig,
+)
 
 E2E_DIR = Path(__file__).resolve().parent
 NO_GO = "e2e: Go toolchain not found on PATH; install Go >= 1.24 to run the real-control-plane tier"
@@ -22,6 +31,8 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "e2e: end-to-end tests against a real Kubernetes 1.34 control plane built from Go modules"
     )
+    # Tests of features that are off before 1.36 use the 1.36 fixtures below, whatever the tier's version.
+    config.addinivalue_line("markers", "k8s136: needs Kubernetes 1.36 (its own control plane unless E2E_KUBERNETES=1.36)")
 
 
 def _is_e2e(item) -> bool:
@@ -42,6 +53,11 @@ def pytest_collection_finish(session):
             _build["binary"] = ensure_binary()
         except Exception as exc:  # reported by the fixture, in the test that needs it
             _build["error"] = exc
+        if TIER_VERSION != "1.36" and any("control_plane_136" in item.fixturenames for item in session.items):
+            try:
+                _build["binary-1.36"] = ensure_binary("1.36")
+            except Exception as exc:
+                _build["error-1.36"] = exc
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +70,33 @@ def e2e_binary() -> Path:
     if "error" in _build:
         raise _build["error"]
     return _build.get("binary") or ensure_binary()
+
+
+@pytest.fixture(scope="session")
+def e2e_binary_136(request) -> Path:
+    """The e2e-cluster binary built against Kubernetes 1.36 (tests/e2e/cluster/go-1.36.mod)."""
+    if TIER_VERSION == "1.36":
+        return request.getfixturevalue("e2e_binary")
+    request.getfixturevalue("e2e_binary")  # the same Go checks and skip lines
+    version = go_version()
+    if version is not None and version < (1, 26):
+        pytest.skip(f"e2e: Go {version[0]}.{version[1]} found; the Kubernetes 1.36.3 modules need Go >= 1.26")
+    if "error-1.36" in _build:
+        raise _build["error-1.36"]
+    return _build.get("binary-1.36") or ensure_binary("1.36")
+
+
+@pytest.fixture(scope="session")
+def control_plane_136(e2e_binary_136, tmp_path_factory, request):
+    """A Kubernetes 1.36 control plane: the tier's own on a 1.36 run, else a second one next to it."""
+    if TIER_VERSION == "1.36":
+        yield request.getfixturevalue("control_plane")
+        return
+    root = tmp_path_factory.mktemp("control-plane-136")
+    cp = ControlPlane(e2e_binary_136, root / "state", etcd_dir=root / "etcd")
+    cp.start()
+    yield cp
+    cp.stop()
 
 
 @pytest.fixture(scope="session")

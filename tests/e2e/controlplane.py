@@ -1,4 +1,4 @@
-"""Drive the Go `e2e-cluster` binary: a real Kubernetes 1.34 control plane and kubelet stand-ins.
+"""Drive the Go `e2e-cluster` binary: a real Kubernetes 1.34 (or 1.36) control plane and kubelet stand-ins.
 
 Only the standard library and PyYAML are used here, so that fixtures can import this module
 before (or without) the Kubernetes client.
@@ -21,7 +21,10 @@ E2E_DIR = Path(__file__).resolve().parent
 BUILD_SCRIPT = E2E_DIR / "build.sh"
 PREPARED_ANNOTATION = "e2e.eks-dra.io/prepared"
 
-_binary: Path | None = None
+_binaries: dict[str, Path] = {}
+# The tier's Kubernetes version: 1.34 (cluster/go.mod) unless E2E_KUBERNETES names another (cluster/go-1.36.mod).
+DEFAULT_VERSION = "1.34"
+TIER_VERSION = os.environ.get("E2E_KUBERNETES", DEFAULT_VERSION)
 
 
 # k8s.io/kubernetes v1.34.12 and its staging modules declare `go 1.25.0`; build.sh sets GOTOOLCHAIN=local.
@@ -45,21 +48,20 @@ def go_version() -> tuple[int, int] | None:
         return None
 
 
-def ensure_binary() -> Path:
-    """Build (or reuse the cached) e2e-cluster binary and return its path.
+def ensure_binary(version: str = TIER_VERSION) -> Path:
+    """Build (or reuse the cached) e2e-cluster binary of a Kubernetes version and return its path.
 
-    E2E_CLUSTER_BIN, when set, names a prebuilt binary and skips the build.
+    E2E_CLUSTER_BIN, when set, names a prebuilt binary of the tier's version and skips its build.
     """
-    global _binary
-    if _binary is not None:
-        return _binary
-    override = os.environ.get("E2E_CLUSTER_BIN")
+    if version in _binaries:
+        return _binaries[version]
+    override = os.environ.get("E2E_CLUSTER_BIN") if version == TIER_VERSION else None
     if override:
-        _binary = Path(override)
-        if not os.access(_binary, os.X_OK):
+        if not os.access(override, os.X_OK):
             raise RuntimeError(f"E2E_CLUSTER_BIN={override} is not an executable file")
-        return _binary
-    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True)
+        _binaries[version] = Path(override)
+        return _binaries[version]
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT), version], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(
             f"{BUILD_SCRIPT} failed with exit code {proc.returncode}:\n{_tail(proc.stdout + proc.stderr, 60)}"
@@ -67,8 +69,8 @@ def ensure_binary() -> Path:
     lines = proc.stdout.strip().splitlines()
     if not lines or not Path(lines[-1]).is_file():
         raise RuntimeError(f"{BUILD_SCRIPT} did not print the binary path as its last line:\n{proc.stdout}")
-    _binary = Path(lines[-1])
-    return _binary
+    _binaries[version] = Path(lines[-1])
+    return _binaries[version]
 
 
 def _tail(text: str, lines: int = 40) -> str:

@@ -78,12 +78,17 @@ def apply_objects(api: client.ApiClient, objects: list[dict]) -> list[dict]:
     return applied
 
 
-def write_dev_manifests(out_dir: Path) -> list[Path]:
-    """The dev environment's synthesized manifests (what `make synth ENV=dev` writes to dist/dev)."""
+def write_dev_manifests(out_dir: Path, env=None) -> list[Path]:
+    """The dev environment's synthesized manifests (what `make synth ENV=dev` writes to dist/dev), or those of
+    `env` (an EnvironmentConfig)."""
     from eks_dra.config import load_environment
     from eks_dra.stacks.manifests import write_manifests
 
-    return write_manifests(load_environment("dev", REPO / "config"), out_dir)
+    return write_manifests(env or load_environment("dev", REPO / "config"), out_dir)
+
+
+# The driver settings a chart passes as plain environment variables that the driver process reads.
+CHART_DRIVER_SETTINGS = ("DEVICE_TAINTS", "DRA_HEALTH")
 
 
 # --- processes -----------------------------------------------------------------------------------
@@ -98,6 +103,7 @@ class DriverProcess:
         self.log_path = node.root / f"driver-{family}.log"
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.env: dict[str, str] = {}  # CHART_DRIVER_SETTINGS of the applied DaemonSet
 
     def argv(self) -> list[str]:
         n = self.node
@@ -113,7 +119,8 @@ class DriverProcess:
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== {time.strftime('%H:%M:%S')} start\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env={**os.environ, **self.env})
         self.starts += 1
 
     @property
@@ -178,11 +185,15 @@ class DevCluster:
     """The simulated nodes of the dev environment on a running control plane, with our drivers on them."""
 
     def __init__(self, control_plane: ControlPlane, binary: Path, workdir: Path,
-                 nodes: dict[str, str] | None = None) -> None:
+                 nodes: dict[str, str] | None = None, kubernetes_version: str | None = None) -> None:
+        import dataclasses
+
         from eks_dra.config import load_environment
 
         self.cp, self.binary, self.workdir = control_plane, binary, Path(workdir)
         self.env = load_environment("dev", REPO / "config")
+        if kubernetes_version:  # the dev node groups on another version (what its manifests turn on)
+            self.env = dataclasses.replace(self.env, kubernetes_version=kubernetes_version)
         self.api = config.new_client_from_config(str(control_plane.kubeconfig))
         self.core = client.CoreV1Api(self.api)
         self.resource = client.ResourceV1Api(self.api)
@@ -196,7 +207,7 @@ class DevCluster:
     def apply_manifests(self, select: Callable[[Path], bool] = lambda path: True) -> list[dict]:
         """Synthesize the dev manifests (once) and apply those files that `select` accepts, in file order."""
         if not self.manifest_paths:
-            self.manifest_paths = write_dev_manifests(self.workdir / "dist-dev")
+            self.manifest_paths = write_dev_manifests(self.workdir / "dist-dev", self.env)
         applied = apply_objects(self.api, load_documents(p for p in self.manifest_paths if select(p)))
         self.applied.extend(applied)
         return applied
@@ -226,9 +237,18 @@ class DevCluster:
             for family in node.families:
                 kubeconfig = self.driver_kubeconfig(node.name, family)
                 node.drivers[family] = DriverProcess(node, family, kubeconfig)
+                node.drivers[family].env = self.chart_driver_settings(family)
         for node in self.nodes.values():
             for driver in node.drivers.values():
                 driver.start()
+
+    def chart_driver_settings(self, family: str) -> dict[str, str]:
+        """CHART_DRIVER_SETTINGS as the applied DaemonSet of the family's driver sets them."""
+        for obj in self.applied:
+            if obj.get("kind") == "DaemonSet" and obj["metadata"]["name"] == f"eks-dra-{family}-driver":
+                env = obj["spec"]["template"]["spec"]["containers"][0].get("env") or []
+                return {e["name"]: e["value"] for e in env if e["name"] in CHART_DRIVER_SETTINGS and "value" in e}
+        return {}
 
     def driver_kubeconfig(self, node: str, family: str) -> Path:
         """A kubeconfig of the family's chart ServiceAccount, its token bound to a pod on `node`."""

@@ -142,9 +142,9 @@ func runKubelet(args []string) error {
 	if err := s.registerNode(ctx); err != nil {
 		return fmt.Errorf("registering node: %w", err)
 	}
-	getNode := func() (*v1.Node, error) {
-		return client.CoreV1().Nodes().Get(context.Background(), *node, metav1.GetOptions{})
-	}
+	getNode := nodeGetter(func(ctx context.Context) (*v1.Node, error) {
+		return client.CoreV1().Nodes().Get(ctx, *node, metav1.GetOptions{})
+	})
 	// The kubelet's DRA plugin manager: it deletes this node's ResourceSlices on
 	// start (in the background), validates and registers plugins, negotiates the
 	// gRPC service and wipes a driver's slices 30s after its plugin goes away.
@@ -162,7 +162,7 @@ func runKubelet(args []string) error {
 	}()
 	pm := pluginmanager.NewPluginManager(*registryDir, recorder)
 	pm.AddHandler(registerapi.DRAPlugin, reportingHandler{PluginHandler: s.plugins, s: s})
-	go pm.Run(allReady{}, ctx.Done())
+	go runPluginManager(ctx, pm)
 
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", *node).String()
@@ -434,12 +434,19 @@ type podClaim struct {
 // NodePrepareResources once per driver for the claims that are not prepared yet.
 // It returns the per-claim results for the annotation (nil if there were none).
 func (s *standIn) prepare(ctx context.Context, pod *v1.Pod) (map[types.UID]*claimResult, error) {
-	if len(pod.Spec.ResourceClaims) == 0 {
+	// The scheduler's claim for the pod's extended resources backed by DRA (DRAExtendedResource, beta in
+	// 1.36): the kubelet prepares it like the pod's own claims.
+	extended := pod.Status.ExtendedResourceClaimStatus
+	if len(pod.Spec.ResourceClaims) == 0 && extended == nil {
 		return nil, nil
 	}
 	s.callMu.Lock()
 	defer s.callMu.Unlock()
-	var claims []podClaim
+	type claimRef struct {
+		name           string
+		mustCheckOwner bool
+	}
+	var refs []claimRef
 	for i := range pod.Spec.ResourceClaims {
 		pc := &pod.Spec.ResourceClaims[i]
 		name, mustCheckOwner, err := resourceclaim.Name(pod, pc)
@@ -449,19 +456,26 @@ func (s *standIn) prepare(ctx context.Context, pod *v1.Pod) (map[types.UID]*clai
 		if name == nil {
 			continue // no claim needed (template with nothing generated)
 		}
-		claim, err := s.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *name, metav1.GetOptions{})
+		refs = append(refs, claimRef{*name, mustCheckOwner})
+	}
+	if extended != nil {
+		refs = append(refs, claimRef{extended.ResourceClaimName, true})
+	}
+	var claims []podClaim
+	for _, ref := range refs {
+		claim, err := s.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, ref.name, metav1.GetOptions{})
 		if err != nil {
-			return nil, fmt.Errorf("fetch ResourceClaim %s/%s: %w", pod.Namespace, *name, err)
+			return nil, fmt.Errorf("fetch ResourceClaim %s/%s: %w", pod.Namespace, ref.name, err)
 		}
-		if mustCheckOwner {
-			if err := resourceclaim.IsForPod(pod, claim); err != nil {
+		if ref.mustCheckOwner {
+			if err := isForPod(pod, claim); err != nil {
 				return nil, err
 			}
 		}
 		if claim.Status.Allocation == nil {
 			return nil, fmt.Errorf("ResourceClaim %s/%s is not allocated", claim.Namespace, claim.Name)
 		}
-		if !resourceclaim.IsReservedForPod(pod, claim) {
+		if !isReservedForPod(pod, claim) {
 			return nil, fmt.Errorf("pod %s/%s is not allowed to use ResourceClaim %s/%s: not reserved for it", pod.Namespace, pod.Name, claim.Namespace, claim.Name)
 		}
 		seen := map[string]bool{}
@@ -517,7 +531,7 @@ func (s *standIn) prepare(ctx context.Context, pod *v1.Pod) (map[types.UID]*clai
 		}
 		req := &drapb.NodePrepareResourcesRequest{}
 		for _, c := range batch {
-			req.Claims = append(req.Claims, &drapb.Claim{Namespace: c.Namespace, UID: string(c.UID), Name: c.Name})
+			req.Claims = append(req.Claims, draClaim(c.Namespace, string(c.UID), c.Name))
 		}
 		resp, err := plugin.NodePrepareResources(ctx, req)
 		if err != nil {
@@ -535,7 +549,7 @@ func (s *standIn) prepare(ctx context.Context, pod *v1.Pod) (map[types.UID]*clai
 				res := &claimResult{Driver: driver, Devices: []preparedDevice{}}
 				for _, d := range r.Devices {
 					res.Devices = append(res.Devices, preparedDevice{RequestNames: nonNil(d.RequestNames), PoolName: d.PoolName,
-						DeviceName: d.DeviceName, CDIDeviceIDs: nonNil(d.CDIDeviceIDs)})
+						DeviceName: d.DeviceName, CDIDeviceIDs: nonNil(cdiDeviceIDs(d))})
 				}
 				if fresh[c.UID] == nil {
 					fresh[c.UID] = map[string]*claimResult{}
@@ -709,7 +723,7 @@ func (s *standIn) unprepare(ctx context.Context, uid types.UID, pod *v1.Pod) err
 		batch := byDriver[driver]
 		req := &drapb.NodeUnprepareResourcesRequest{}
 		for _, c := range batch {
-			req.Claims = append(req.Claims, &drapb.Claim{Namespace: c.Namespace, UID: string(c.UID), Name: c.Name})
+			req.Claims = append(req.Claims, draClaim(c.Namespace, string(c.UID), c.Name))
 			reportClaims = append(reportClaims, map[string]string{"uid": string(c.UID), "namespace": c.Namespace, "name": c.Name, "driver": driver})
 		}
 		var resp *drapb.NodeUnprepareResourcesResponse
