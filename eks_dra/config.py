@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 
 from eks_dra.catalog import INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES, InstanceType, closest_instance_types
+from eks_dra.catalog.ami_types import ami_type_for
 from eks_dra.devices.names import FAMILIES, DriverNames
 from eks_dra.errors import UserError
 
@@ -114,6 +115,10 @@ class NodeGroupConfig:
     mig_profile: str | None = None
     # Per-family override of device_mode, e.g. {"efa": "device-plugin"} on a DRA GPU group.
     device_modes: dict[str, DeviceMode] = field(default_factory=dict)
+    # IMDSv2 hop limit of the nodes: 1 keeps pods off the node role; 2 for containers that read IMDS themselves.
+    imds_hop_limit: int = 1
+    # RAID0 the instance-store NVMe for images and scratch; None: on when the instance type has any.
+    local_storage: bool | None = None
 
     @property
     def instance(self) -> InstanceType | None:
@@ -203,15 +208,6 @@ class EnvironmentConfig:
                 driver = self.drivers.names.for_family(family)  # type: ignore[arg-type]
                 taints.append(Taint(f"{driver}/not-ready", "true", "NoSchedule"))
         return tuple(taints)
-
-
-def ami_type_for(ami_family: str, architecture: str, accelerator: str | None) -> str:
-    arch = "x86_64" if architecture == "x86_64" else "ARM_64"
-    if ami_family == "bottlerocket":
-        # Neuron runs on the plain Bottlerocket variant (aws-k8s), with device ownership from the pod.
-        return f"BOTTLEROCKET_{arch}_NVIDIA" if accelerator == "gpu" else f"BOTTLEROCKET_{arch}"
-    suffix = {"gpu": "NVIDIA", "neuron": "NEURON", None: "STANDARD"}[accelerator]
-    return f"AL2023_{arch}_{suffix}"
 
 
 # --- loading ----------------------------------------------------------------------------------
@@ -465,7 +461,7 @@ class _Loader:
     def _node_group(self, data: Any, p: str, region: str | None, vpc: VpcConfig) -> NodeGroupConfig:
         f = _Fields(self, data, p, (
             "name", "instanceType", "minSize", "desiredSize", "maxSize", "amiFamily", "amiType", "deviceMode",
-            "capacity", "efa", "availabilityZone", "labels", "taints", "migProfile",
+            "capacity", "efa", "availabilityZone", "labels", "taints", "migProfile", "imdsHopLimit", "localStorage",
         ))
         name = f.get("name", str)
         if not name:
@@ -518,11 +514,17 @@ class _Loader:
         labels = self._labels(f.get("labels", dict, {}), f"{p}.labels")
         taints = self._taints(f.get("taints", list, []), f"{p}.taints")
         mig = f.get("migProfile", str)
+        hop_limit = f.get("imdsHopLimit", int, 1)
+        if hop_limit not in (1, 2):
+            self.fail(f"{p}.imdsHopLimit", f"must be 1 (pods cannot reach IMDS) or 2 (containers that read IMDS "
+                      f"themselves), got {hop_limit}")
+        local_storage = f.get("localStorage", bool)
 
         group = NodeGroupConfig(
             name=name, instance_type=instance_type, min_size=min_size, desired_size=desired, max_size=max_size,
             ami_family=ami_family, device_mode=device_mode, capacity=capacity, efa=efa,  # type: ignore[arg-type]
             availability_zone=az, labels=labels, taints=taints, mig_profile=mig, device_modes=overrides,
+            imds_hop_limit=hop_limit, local_storage=local_storage,
         )
         self._check_ami(f, p, group)
         self._check_capacity(p, group)

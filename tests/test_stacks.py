@@ -79,6 +79,11 @@ def node_groups_with_templates(name: str) -> list[tuple[dict, dict]]:
     return out
 
 
+def _group_name(props: dict) -> str:
+    """Node groups have generated names (replaceable); the config name is the eks-dra.io/node-group label."""
+    return props["Labels"]["eks-dra.io/node-group"]
+
+
 @pytest.fixture(scope="module", params=SHIPPED)
 def env_name(request) -> str:
     return request.param
@@ -125,7 +130,7 @@ def test_kubectl_provider_uses_v34_layer(env_name):
 
 def test_every_node_group_matches_its_config(env_name):
     env = load_environment(env_name, CONFIG)
-    by_name = {props["NodegroupName"]: (props, lt) for props, lt in node_groups_with_templates(env_name)}
+    by_name = {_group_name(props): (props, lt) for props, lt in node_groups_with_templates(env_name)}
     assert set(by_name) == {g.name for g in env.node_groups}
     for group in env.node_groups:
         props, lt = by_name[group.name]
@@ -150,7 +155,7 @@ def test_every_node_group_matches_its_config(env_name):
 
 def test_labels_and_taints_follow_the_contract():
     env = load_environment("dev", CONFIG)
-    by_name = {props["NodegroupName"]: props for props, _ in node_groups_with_templates("dev")}
+    by_name = {_group_name(props): props for props, _ in node_groups_with_templates("dev")}
     p5 = by_name["p5-dra"]
     assert p5["Labels"]["eks-dra.io/gpu"] == "dra" and p5["Labels"]["eks-dra.io/efa"] == "dra"
     assert p5["Labels"]["nvidia.com/gpu.present"] == "true"
@@ -167,7 +172,7 @@ def test_labels_and_taints_follow_the_contract():
 
 def test_efa_interfaces_follow_the_catalog(env_name):
     env = load_environment(env_name, CONFIG)
-    lts = {props["NodegroupName"]: lt for props, lt in node_groups_with_templates(env_name)}
+    lts = {_group_name(props): lt for props, lt in node_groups_with_templates(env_name)}
     for group in env.node_groups:
         lt = lts[group.name]
         if not group.efa_enabled:
@@ -190,7 +195,7 @@ def test_efa_interfaces_follow_the_catalog(env_name):
 
 def test_placement_group_only_for_plain_on_demand_efa(env_name):
     env = load_environment(env_name, CONFIG)
-    lts = {props["NodegroupName"]: lt for props, lt in node_groups_with_templates(env_name)}
+    lts = {_group_name(props): lt for props, lt in node_groups_with_templates(env_name)}
     for group in env.node_groups:
         has_pg = "Placement" in lts[group.name]
         assert has_pg == (group.efa_enabled and group.capacity.kind == "on-demand"), group.name
@@ -199,7 +204,7 @@ def test_placement_group_only_for_plain_on_demand_efa(env_name):
 
 
 def test_reservations_in_prod():
-    lts = {props["NodegroupName"]: (props, lt) for props, lt in node_groups_with_templates("prod")}
+    lts = {_group_name(props): (props, lt) for props, lt in node_groups_with_templates("prod")}
     props, lt = lts["p5-capacity-block"]
     assert props["CapacityType"] == "CAPACITY_BLOCK"
     assert lt["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
@@ -213,12 +218,12 @@ def test_reservations_in_prod():
 
 
 def test_bottlerocket_user_data_and_mig_script():
-    lts = {props["NodegroupName"]: lt for props, lt in node_groups_with_templates("dev")}
+    lts = {_group_name(props): lt for props, lt in node_groups_with_templates("dev")}
     toml = lts["g6e-bottlerocket"]["UserData"]["Fn::Base64"]
     assert "[settings.kubelet-device-plugins.nvidia]\nenabled = false" in toml
     mig = lts["p4d-mig"]["UserData"]["Fn::Base64"]
-    assert "text/x-shellscript" in mig and "nvidia-smi mig -cgi " + ",".join(["1g.5gb"] * 7) + " -C" in mig
-    assert "UserData" not in lts["p5-dra"]
+    assert "text/cloud-config" in mig and "nvidia-smi mig -cgi " + ",".join(["1g.5gb"] * 7) + " -C" in mig
+    assert "eks-dra-mig.service" in mig and "eks-dra-mig.service" not in lts["p5-dra"]["UserData"]["Fn::Base64"]
 
 
 def test_explicit_environment_has_no_context_lookups():

@@ -6,6 +6,7 @@ node must exist before the scheduler can allocate its devices, and Auto Mode bri
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ from aws_cdk.lambda_layer_kubectl_v34 import KubectlV34Layer
 from constructs import Construct
 
 from .accelerator_node_group import AcceleratorNodeGroup, AcceleratorNodeGroupProps
+from .efa_launch_template import efa_security_group
 
 KUBERNETES_VERSIONS = {"1.33": eks.KubernetesVersion.V1_33, "1.34": eks.KubernetesVersion.V1_34}
 # efa-only network interfaces need the VPC CNI 1.18.5 or later (EKS User Guide, node-efa).
@@ -103,7 +105,16 @@ class AcceleratorCluster(Construct):
             self.cluster.grant_access(f"Admin{i}", arn, [eks.AccessPolicy.from_access_policy_name(
                 "AmazonEKSClusterAdminPolicy", access_scope_type=eks.AccessScopeType.CLUSTER)])
         self.node_groups: list[AcceleratorNodeGroup] = []
+        self._efa_security_group: ec2.SecurityGroup | None = None
         self._acknowledge_nag_findings()
+
+    @property
+    def efa_security_group(self) -> ec2.SecurityGroup:
+        """One EFA security group for the whole cluster, on every EFA interface of every node group: EFA between
+        nodes needs both interfaces' groups to allow it, so per-group groups would cut jobs that span groups."""
+        if self._efa_security_group is None:
+            self._efa_security_group = efa_security_group(self, "EfaSecurityGroup", self.props.vpc)
+        return self._efa_security_group
 
     def _validate(self) -> None:
         p = self.props
@@ -157,7 +168,10 @@ class AcceleratorCluster(Construct):
 
     def add_node_group(self, construct_id: str, props: AcceleratorNodeGroupProps) -> AcceleratorNodeGroup:
         """Add a node group after the network add-ons (nodes become Ready only with the CNI installed);
-        CoreDNS waits for the first untainted group, where its pods can run."""
+        CoreDNS waits for the first untainted group, where its pods can run. EFA groups get the cluster's EFA
+        security group unless the props name one."""
+        if props.efa and props.efa_security_group is None:
+            props = dataclasses.replace(props, efa_security_group=self.efa_security_group)
         group = AcceleratorNodeGroup(self, construct_id, props)
         for addon in self.network_addons:
             group.node.add_dependency(addon)

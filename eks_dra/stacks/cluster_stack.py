@@ -123,7 +123,8 @@ class ClusterStack(Stack):
         neuron = group.accelerator_family == "neuron"
         return AcceleratorNodeGroupProps(
             cluster=self.cluster,
-            nodegroup_name=group.name,
+            # No NodegroupName: CloudFormation must be able to replace the group when a create-only setting
+            # (amiFamily, capacity, efa, availabilityZone) changes; the name is the eks-dra.io/node-group label.
             instance_type=group.instance_type,
             ami_type=group.ami_type,
             subnets=self._subnets(group),
@@ -137,6 +138,10 @@ class ClusterStack(Stack):
             neuron_device_ownership=bottlerocket and neuron,
             mig_profile=group.mig_profile,
             root_volume_gib=200 if group.instance is not None else 50,
+            local_storage=group.local_storage,
+            http_put_response_hop_limit=group.imds_hop_limit,
+            # Accelerator nodes run jobs a forced drain would kill; system pods are stateless and replicated.
+            force_update=group.instance is None,
         )
 
     # --- workloads ---
