@@ -14,6 +14,7 @@ import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
 from eks_dra.config import EnvironmentConfig, load_environment, load_pipeline
+from eks_dra.constructs.eks_checks import EksDraChecks
 from eks_dra.errors import UserError
 from eks_dra.stacks.manifests import write_manifests
 
@@ -39,15 +40,17 @@ def build_app(app: cdk.App, config_dir: Path = CONFIG_DIR, manifests_dir: Path |
         stacks.append(ClusterStack(app, f"EksDra-{env.name}", env))
         if manifests_dir is not None:
             write_manifests(env, manifests_dir / env.name)
-    # cdk-nag 3 is a policy-validation plugin: findings without an acknowledgement fail the synth.
-    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    # cdk-nag 3 is a policy-validation plugin: findings without an acknowledgement fail the synth. AwsSolutions
+    # never sees the aws_eks_v2 cluster; EksDraChecks checks it.
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app), EksDraChecks(app))
     return stacks
 
 
 def _print_warnings(*envs: EnvironmentConfig) -> None:
     for env in envs:
-        for warning in env.warnings:
-            print(f"eks-dra: warning: {warning}", file=sys.stderr)
+        for warning in (*env.warnings, env.access_warning):
+            if warning:
+                print(f"eks-dra: warning: {warning}", file=sys.stderr)
 
 
 def main() -> None:

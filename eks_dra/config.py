@@ -41,6 +41,10 @@ LABEL_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+IPV4_CIDR = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})/(\d{1,2})$")
+# The values CloudWatch Logs accepts for RetentionInDays.
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
+                      3288, 3653)
 
 # Label keys eks-dra sets itself; a user value could steer a DRA driver and a device plugin onto one node.
 RESERVED_LABEL_PREFIX = "eks-dra.io/"
@@ -177,6 +181,22 @@ class EnvironmentConfig:
     warnings: tuple[str, ...] = ()
     # IAM role ARNs given cluster-admin access entries (AmazonEKSClusterAdminPolicy).
     cluster_admin_role_arns: tuple[str, ...] = ()
+    # The API server's public endpoint (always also private) and the CIDRs allowed to reach it (empty: anywhere).
+    endpoint_public: bool = True
+    endpoint_public_cidrs: tuple[str, ...] = ()
+    # Retention of the stack's CloudWatch log groups (VPC flow logs).
+    log_retention_days: int = 30
+    # Sample workloads (pods with claims) deployed with the cluster and written to dist/<env>/samples/.
+    samples: bool = True
+
+    @property
+    def access_warning(self) -> str | None:
+        """Printed at synth (not a config mistake): without an admin role nobody can run kubectl on the cluster."""
+        if self.cluster_admin_role_arns:
+            return None
+        return (f"{self.source}: clusterAdminRoleArns: no human admin role: only the CloudFormation execution role "
+                "can use kubectl on the cluster; add clusterAdminRoleArns: [arn:aws:iam::ACCOUNT:role/YOUR-ROLE] (the "
+                "role you sign in with: `aws sts get-caller-identity`)")
 
     def dra_node_groups(self, family: str) -> tuple[NodeGroupConfig, ...]:
         return tuple(g for g in self.node_groups if family in g.families and g.manager(family) == "dra")
@@ -235,13 +255,30 @@ def load_pipeline(config_dir: Path = Path("config")) -> PipelineConfig:
     return _Loader(path, "pipeline").pipeline(data, Path(config_dir))
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (also on line {seen[key] + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise UserError(f"{path}:{where}: not valid YAML ({getattr(exc, 'problem', exc)}); fix the syntax") from None
+        problem = str(getattr(exc, "problem", exc))
+        if problem.startswith("duplicate key"):
+            raise UserError(f"{path}:{where}: {problem}: YAML would keep only the last one; remove one") from None
+        raise UserError(f"{path}:{where}: not valid YAML ({problem}); fix the syntax") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -329,7 +366,8 @@ class _Loader:
     def environment(self, data: dict) -> EnvironmentConfig:
         top = _Fields(self, data, "", (
             "account", "region", "clusterName", "kubernetesVersion", "vpc", "protected", "nodeGroups",
-            "drivers", "driverImage", "clusterAdminRoleArns", "autoMode", "karpenter",
+            "drivers", "driverImage", "clusterAdminRoleArns", "autoMode", "karpenter", "apiEndpoint",
+            "logRetentionDays", "samples",
         ))
         self._reject_dynamic_capacity(top)
         account = top.get("account", (str, int))
@@ -344,7 +382,7 @@ class _Loader:
         if not CLUSTER_NAME.match(cluster_name):
             self.fail("clusterName", f"{cluster_name!r} is not a valid EKS cluster name (letters, digits, - and _)")
         version = self._kubernetes_version(top)
-        vpc = self._vpc(top.get("vpc", dict, {}), region)
+        vpc = self._vpc(top.get("vpc", dict, {}), region, account)
         drivers = self._drivers(top.get("drivers", dict, {}))
         raw_groups = top.get("nodeGroups", list, None)
         if not raw_groups:
@@ -360,15 +398,41 @@ class _Loader:
                 g.manager(f) == "dra" and drivers.implementation(f) == "python" for f in g.families) for g in groups):
             self.warn("driverImage", "the driver image eks-dra builds is linux/amd64; arm64 DRA node groups (e.g. "
                       "p6e-gb200) need driverImage set to a multi-arch image")
+        protected = top.get("protected", bool, False)
+        public, cidrs = self._api_endpoint(top, protected)
+        retention = top.get("logRetentionDays", int, 365 if protected else 30)
+        if retention not in LOG_RETENTION_DAYS:
+            close = min(LOG_RETENTION_DAYS, key=lambda d: abs(d - retention))
+            self.fail("logRetentionDays", f"{retention} is not a CloudWatch Logs retention; use one of "
+                      f"{', '.join(map(str, LOG_RETENTION_DAYS))} (closest: {close})")
         if not any(g.accelerator_family is None for g in groups):
             self.warn("nodeGroups", "no system (non-accelerator) node group: CoreDNS and the drivers' controllers "
                       "will not schedule on tainted accelerator nodes; add one, e.g. m7i.xlarge")
         return EnvironmentConfig(
             name=self.env_name, source=self.path, account=account, region=region, cluster_name=cluster_name,
-            kubernetes_version=version, vpc=vpc, protected=top.get("protected", bool, False), node_groups=groups,
+            kubernetes_version=version, vpc=vpc, protected=protected, node_groups=groups,
             drivers=drivers, driver_image=driver_image, warnings=tuple(self.warnings),
-            cluster_admin_role_arns=tuple(admins),
+            cluster_admin_role_arns=tuple(admins), endpoint_public=public, endpoint_public_cidrs=cidrs,
+            log_retention_days=retention, samples=top.get("samples", bool, not protected),
         )
+
+    def _api_endpoint(self, top: _Fields, protected: bool) -> tuple[bool, tuple[str, ...]]:
+        """Unprotected: public (and private) by default. Protected: private unless public CIDRs are given."""
+        api = _Fields(self, top.get("apiEndpoint", dict, {}), "apiEndpoint", ("public", "publicAccessCidrs"))
+        cidrs = api.get("publicAccessCidrs", list, [])
+        for i, cidr in enumerate(cidrs):
+            m = IPV4_CIDR.match(str(cidr))
+            if not m or any(int(x) > 255 for x in m.groups()[:4]) or int(m.group(5)) > 32:
+                self.fail(f"apiEndpoint.publicAccessCidrs[{i}]", f"{cidr!r} is not an IPv4 CIDR (e.g. 203.0.113.0/24)")
+        public = api.get("public", bool, bool(cidrs) or not protected)
+        if cidrs and not public:
+            self.fail("apiEndpoint.publicAccessCidrs", "is set but apiEndpoint.public is false; remove the CIDRs or "
+                      "set public: true")
+        if protected and public and (not cidrs or "0.0.0.0/0" in cidrs):
+            self.fail("apiEndpoint", "a protected environment's API endpoint is private unless restricted: set "
+                      "publicAccessCidrs to your operators' networks (e.g. [203.0.113.0/24]), or remove public: true "
+                      "and reach the API from inside the VPC")
+        return public, tuple(map(str, cidrs))
 
     def _reject_dynamic_capacity(self, top: _Fields) -> None:
         if top.get("autoMode", bool, False):
@@ -399,7 +463,7 @@ class _Loader:
             self.warn("kubernetesVersion", f"1.33 has a known DRA bug ({KUBERNETES_133_ISSUE}); EKS recommends 1.34")
         return version
 
-    def _vpc(self, data: dict, region: str | None) -> VpcConfig:
+    def _vpc(self, data: dict, region: str | None, account: str | None) -> VpcConfig:
         f = _Fields(self, data, "vpc", ("cidr", "vpcId", "privateSubnets", "availabilityZones"))
         vpc_id = f.get("vpcId", str)
         cidr = f.get("cidr", str)
@@ -429,6 +493,9 @@ class _Loader:
         azs = f.get("availabilityZones", list, [])
         for i, az in enumerate(azs):
             self._check_az(f"vpc.availabilityZones[{i}]", str(az), region)
+        if not azs and account is not None and region is not None:
+            # An explicit environment would look its AZs up at synth (credentials); write down <region>a and b.
+            azs = [f"{region}a", f"{region}b"]
         return VpcConfig(cidr=cidr, availability_zones=tuple(azs))
 
     def _check_az(self, field_path: str, az: str, region: str | None) -> None:
@@ -487,6 +554,8 @@ class _Loader:
             self.fail(f"{p}.minSize", "must be 0 or more")
         if max_size < 1:
             self.fail(f"{p}.maxSize", "must be at least 1 (EKS managed node groups need maxSize >= 1)")
+        if min_size > max_size:
+            self.fail(f"{p}.minSize", f"{min_size} is more than maxSize ({max_size}); raise maxSize or lower minSize")
         if not min_size <= desired <= max_size:
             self.fail(f"{p}.desiredSize", f"must lie between minSize ({min_size}) and maxSize ({max_size}), "
                       f"got {desired}")
@@ -507,7 +576,11 @@ class _Loader:
         if az is not None:
             self._check_az(f"{p}.availabilityZone", az, region)
             known_azs = tuple(vpc.private_subnets) if vpc.vpc_id else vpc.availability_zones
-            if known_azs and az not in known_azs:
+            if not known_azs:
+                self.fail(f"{p}.availabilityZone", f"{az} needs the VPC's AZs written down (without "
+                          "vpc.availabilityZones the new VPC spans two AZs chosen at deploy time); add "
+                          f"vpc.availabilityZones: [{az}, ...]")
+            if az not in known_azs:
                 where = "vpc.privateSubnets" if vpc.vpc_id else "vpc.availabilityZones"
                 self.fail(f"{p}.availabilityZone", f"{az} is not one of the VPC's AZs ({', '.join(known_azs)}); "
                           f"add it to {where}")
@@ -687,9 +760,15 @@ class _Loader:
             self.fail("source.connectionArn", "required: the CodeConnections connection ARN (arn:aws:codeconnections:...)")
         account = top.get("account", (str, int))
         account = str(account).zfill(12) if isinstance(account, int) else account
+        environments = tuple(load_environment(str(e), config_dir) for e in envs)
+        for before, after in zip(environments, environments[1:], strict=False):
+            if before.protected and not after.protected:
+                self.fail("environments", f"{before.name} (protected) is listed before {after.name} (not protected): "
+                          "the list is the deploy order, and a change must pass the unprotected environments before "
+                          f"it reaches a protected one; move {after.name} before {before.name}")
         return PipelineConfig(
             source_file=self.path,
-            environments=tuple(load_environment(str(e), config_dir) for e in envs),
+            environments=environments,
             source=PipelineSource(repo, src.get("branch", str, "main"), arn),
             account=account, region=top.get("region", str),
         )

@@ -162,7 +162,7 @@ def test_bad_choice_suggests(tmp_path):
 
 def test_sizes(tmp_path):
     msg = error(tmp_path, "nodeGroups:\n  - {name: a, instanceType: g6e.xlarge, minSize: 3, maxSize: 2}\n")
-    assert "nodeGroups[0].desiredSize: must lie between minSize (3) and maxSize (2)" in msg
+    assert "nodeGroups[0].minSize: 3 is more than maxSize (2)" in msg
 
 
 def test_missing_file_lists_known_environments():

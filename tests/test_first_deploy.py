@@ -1,4 +1,4 @@
-"""Issue 10, items 1-7: what AWS does with the node groups on their first deploy and first update, read from the
+"""Issue 10, items 1-9: what AWS does with the node groups on their first deploy and first update, read from the
 synthesized templates of every shipped environment and of a generated one holding every catalogued instance type.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_stacks import SHIPPED, cluster_template, resources
+from test_stacks import SHIPPED, cdk_json_context, cluster_template, resources
 
 from eks_dra.catalog import INSTANCE_TYPES
 from eks_dra.catalog.node_limits import max_pods, node_limits
@@ -51,7 +51,7 @@ def _every_type_template() -> dict:
     from eks_dra.stacks.cluster_stack import ClusterStack
 
     outdir = Path(tempfile.mkdtemp(prefix="eks-dra-every-type-out-"))
-    app = cdk.App(outdir=str(outdir))
+    app = cdk.App(outdir=str(outdir), context=cdk_json_context())
     ClusterStack(app, "EveryType", load_environment(EVERY_TYPE, _every_type_dir()))
     app.synth()
     return json.loads((outdir / "EveryType.template.json").read_text())
@@ -224,3 +224,40 @@ def test_imds_hop_limit_is_per_group(env):
         assert lt["MetadataOptions"]["HttpPutResponseHopLimit"] == group.imds_hop_limit, name
     if env == EVERY_TYPE:
         assert groups(env)["mig"][0].imds_hop_limit == 2
+
+
+# --- 8. the way to the cluster ---
+
+@pytest.mark.parametrize("env_name", SHIPPED)
+def test_outputs_give_the_kubeconfig_command(env_name):
+    tpl, env = cluster_template(env_name), load_environment(env_name, Path("config"))
+    outputs = tpl["Outputs"]
+    cluster_id = next(iter(resources(tpl, "AWS::EKS::Cluster")))
+    assert outputs["ClusterName"]["Value"] == {"Ref": cluster_id}
+    assert outputs["Region"]["Value"] == env.region
+    command = outputs["UpdateKubeconfigCommand"]["Value"]["Fn::Join"][1]
+    assert command[:3] == ["aws eks update-kubeconfig --name ", {"Ref": cluster_id}, f" --region {env.region}" + (
+        f" --role-arn {env.cluster_admin_role_arns[0]}" if env.cluster_admin_role_arns else "")]
+    cluster = next(iter(resources(tpl, "AWS::EKS::Cluster").values()))["Properties"]
+    assert cluster["AccessConfig"]["BootstrapClusterCreatorAdminPermissions"] is True
+    entries = [e["Properties"]["PrincipalArn"] for e in resources(tpl, "AWS::EKS::AccessEntry").values()
+               if isinstance(e["Properties"]["PrincipalArn"], str)]
+    assert set(env.cluster_admin_role_arns) <= set(entries)
+
+
+# --- 9. protected environments: private endpoint, data retained ---
+
+@pytest.mark.parametrize("env_name", SHIPPED)
+def test_protected_environments_keep_data_and_a_private_endpoint(env_name):
+    tpl, env = cluster_template(env_name), load_environment(env_name, Path("config"))
+    vpc_config = next(iter(resources(tpl, "AWS::EKS::Cluster").values()))["Properties"]["ResourcesVpcConfig"]
+    assert vpc_config["EndpointPublicAccess"] is env.endpoint_public
+    assert vpc_config.get("PublicAccessCidrs", []) == list(env.endpoint_public_cidrs)
+    if env.protected:
+        assert not env.endpoint_public or env.endpoint_public_cidrs
+    policy = "Retain" if env.protected else "Delete"
+    for kind in ("AWS::KMS::Key", "AWS::Logs::LogGroup"):
+        found = resources(tpl, kind)
+        assert found and all(r["DeletionPolicy"] == policy for r in found.values()), (kind, env_name)
+    for group in resources(tpl, "AWS::Logs::LogGroup").values():
+        assert group["Properties"]["RetentionInDays"] == env.log_retention_days

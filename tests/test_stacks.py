@@ -38,13 +38,18 @@ def _load_app_module():
     return module
 
 
+def cdk_json_context() -> dict:
+    return json.loads((REPO / "cdk.json").read_text())["context"]
+
+
 @functools.cache
 def synth_environment(name: str) -> Synthesized:
     """Synthesize `-c env=NAME` (or `-c pipeline=true` for name 'pipeline') exactly as app.py does."""
     import aws_cdk as cdk
 
     outdir = Path(tempfile.mkdtemp(prefix=f"eks-dra-synth-{name}-"))
-    context = {"pipeline": "true"} if name == "pipeline" else {"env": name}
+    # The CLI passes cdk.json's context (the feature flags) to the app; so does this.
+    context = {**cdk_json_context(), **({"pipeline": "true"} if name == "pipeline" else {"env": name})}
     app = cdk.App(outdir=str(outdir), context=context)
     _load_app_module().build_app(app, CONFIG, manifests_dir=outdir / "dist")
     error = None

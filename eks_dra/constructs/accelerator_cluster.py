@@ -52,11 +52,13 @@ class AcceleratorClusterProps:
     logging: list[str] = field(default_factory=lambda: list(ALL_LOG_TYPES))
     """Control-plane log types sent to CloudWatch Logs."""
     public_endpoint: bool = True
-    """Also expose the API server publicly (operators run kubectl from outside the VPC)."""
+    """Also expose the API server publicly (operators run kubectl from outside the VPC). EksDraChecks reports a
+    public endpoint without public_access_cidrs (EksDra-EKS1)."""
     public_access_cidrs: list[str] = field(default_factory=list)
     """Restrict the public endpoint to these CIDRs; empty means 0.0.0.0/0."""
     removal_policy: RemovalPolicy = RemovalPolicy.DESTROY
-    """What happens to the secrets KMS key when the stack is deleted (the cluster itself is always deleted)."""
+    """What happens to the secrets KMS key when the stack is deleted (the cluster itself is always deleted);
+    RETAIN for clusters whose etcd backups or retained volumes may still need the key."""
 
 
 class AcceleratorCluster(Construct):
@@ -94,6 +96,11 @@ class AcceleratorCluster(Construct):
             cluster_logging=[_LOG_TYPES[t] for t in props.logging],
             endpoint_access=endpoint,
         )
+        # Explicit: the role that creates the cluster (the CloudFormation execution role) stays cluster admin, as
+        # break-glass access; people get access entries from admin_role_arns.
+        cfn_cluster = self.cluster.node.default_child
+        cfn_cluster.add_property_override(  # type: ignore[union-attr]
+            "AccessConfig.BootstrapClusterCreatorAdminPermissions", True)
         self.network_addons = [
             self._addon("VpcCni", "vpc-cni", props.vpc_cni_version),
             self._addon("KubeProxy", "kube-proxy", props.kube_proxy_version),

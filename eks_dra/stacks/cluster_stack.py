@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import Environment, Stack, Tags
+import jsii
+from aws_cdk import Acknowledgment, Aspects, CfnOutput, Environment, IAspect, RemovalPolicy, Stack, Tags, Validations
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_logs as logs
@@ -38,12 +39,8 @@ def stack_environment(env: EnvironmentConfig) -> Environment | None:
 
 
 def availability_zones(env: EnvironmentConfig) -> list[str] | None:
-    """AZs written in the config (or <region>a/b for an explicit account): never a context lookup."""
-    if env.vpc.availability_zones:
-        return list(env.vpc.availability_zones)
-    if env.account is not None and env.region is not None:
-        return [f"{env.region}a", f"{env.region}b"]
-    return None
+    """AZs written in the config (which writes <region>a/b for an explicit account): never a context lookup."""
+    return list(env.vpc.availability_zones) or None
 
 
 class ClusterStack(Stack):
@@ -61,20 +58,46 @@ class ClusterStack(Stack):
                                      "accelerator node groups", **kwargs)
         self.env_config = env_config
         Tags.of(self).add("eks-dra:environment", env_config.name)
+        Aspects.of(self).add(_LogRetention(env_config.log_retention_days, self._data_removal_policy))
         self.vpc = self._vpc()
         self.accelerator_cluster = AcceleratorCluster(self, "AcceleratorCluster", AcceleratorClusterProps(
             vpc=self.vpc,
             cluster_name=env_config.cluster_name,
             kubernetes_version=env_config.kubernetes_version,
             admin_role_arns=list(env_config.cluster_admin_role_arns),
+            public_endpoint=env_config.endpoint_public,
+            public_access_cidrs=list(env_config.endpoint_public_cidrs),
+            removal_policy=self._data_removal_policy,
         ))
         self.cluster = self.accelerator_cluster.cluster
+        if env_config.endpoint_public and not env_config.endpoint_public_cidrs:
+            Validations.of(self.accelerator_cluster).acknowledge(Acknowledgment(
+                id="EksDra-EKS1", reason=f"{env_config.source}: environment {env_config.name} is not protected and "
+                "sets no apiEndpoint.publicAccessCidrs: kubectl from anywhere, authenticated by IAM (protected "
+                "environments refuse this)."))
+        self._outputs()
         self.node_groups: dict[str, AcceleratorNodeGroup] = {}
         for group in env_config.node_groups:
             self.node_groups[group.name] = self.accelerator_cluster.add_node_group(
                 _construct_id(group.name), self._node_group_props(group))
         self.driver_image = driver_image or env_config.driver_image or self._driver_image_asset()
         self.manifests = self._add_manifests()
+
+    @property
+    def _data_removal_policy(self) -> RemovalPolicy:
+        """Protected environments keep what holds data (the secrets key, logs) when the stack is deleted."""
+        return RemovalPolicy.RETAIN if self.env_config.protected else RemovalPolicy.DESTROY
+
+    def _outputs(self) -> None:
+        """What an operator needs after `cdk deploy`: the cluster, its region and the kubeconfig command."""
+        env = self.env_config
+        command = f"aws eks update-kubeconfig --name {self.cluster.cluster_name} --region {self.region}"
+        if env.cluster_admin_role_arns:
+            command += f" --role-arn {env.cluster_admin_role_arns[0]}"
+        CfnOutput(self, "ClusterName", value=self.cluster.cluster_name, description="EKS cluster name")
+        CfnOutput(self, "Region", value=self.region, description="AWS region of the cluster")
+        CfnOutput(self, "UpdateKubeconfigCommand", value=command,
+                  description="Run this to use kubectl (needs an access entry: clusterAdminRoleArns)")
 
     @property
     def availability_zones(self) -> list[str]:
@@ -91,6 +114,15 @@ class ClusterStack(Stack):
                 self, "Vpc", vpc_id=vpc_config.vpc_id, availability_zones=azs,
                 private_subnet_ids=[vpc_config.private_subnets[az] for az in azs])
         azs = availability_zones(self.env_config)
+        vpc = self._new_vpc(azs)
+        if azs:
+            Validations.of(vpc).acknowledge(Acknowledgment(
+                id="CloudFormation-Validate::W3010", reason="The AZs are written in the config: synth makes no "
+                "lookups, and reserved capacity and EFA groups name their AZ."))
+        return vpc
+
+    def _new_vpc(self, azs: list[str] | None) -> ec2.Vpc:
+        vpc_config = self.env_config.vpc
         vpc = ec2.Vpc(
             self, "Vpc",
             ip_addresses=ec2.IpAddresses.cidr(vpc_config.cidr or "10.0.0.0/16"),
@@ -104,8 +136,8 @@ class ClusterStack(Stack):
                                         cidr_mask=19),
             ],
         )
-        vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(
-            logs.LogGroup(self, "FlowLogs", retention=logs.RetentionDays.ONE_MONTH)))
+        flow_logs = logs.LogGroup(self, "FlowLogs")  # retention and removal: _LogRetention
+        vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs))
         return vpc
 
     def _subnets(self, group: NodeGroupConfig) -> list[ec2.ISubnet]:
@@ -168,6 +200,20 @@ class ClusterStack(Stack):
         for before, after in zip(applied, applied[1:], strict=False):
             after.node.add_dependency(before)
         return applied
+
+@jsii.implements(IAspect)
+class _LogRetention:
+    """Every log group of the stack (flow logs, the kubectl provider's Lambdas) keeps the environment's retention
+    and removal policy: protected environments keep their logs when the stack is deleted."""
+
+    def __init__(self, days: int, removal_policy: RemovalPolicy) -> None:
+        self.days, self.removal_policy = days, removal_policy
+
+    def visit(self, node) -> None:
+        if isinstance(node, logs.CfnLogGroup):
+            node.retention_in_days = self.days  # the number CloudFormation takes (validated in the config)
+            node.apply_removal_policy(self.removal_policy)
+
 
 def _construct_id(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.replace("_", "-").replace(".", "-").split("-"))

@@ -7,7 +7,7 @@ then synthesizes the pipeline itself.
 
 from __future__ import annotations
 
-from aws_cdk import Acknowledgment, DefaultStackSynthesizer, Environment, Stack, Stage, Validations, pipelines
+from aws_cdk import Acknowledgment, DefaultStackSynthesizer, Environment, Stack, Stage, Token, Validations, pipelines
 from aws_cdk import aws_codepipeline as codepipeline
 from constructs import Construct
 
@@ -76,7 +76,9 @@ class PipelineStack(Stack):
         synth_id = logical(self.pipeline.synth_project.node.default_child)  # type: ignore[arg-type]
         mutate_id = logical(self.pipeline.self_mutation_project.node.default_child)  # type: ignore[arg-type]
         bucket_id = logical(self.pipeline.pipeline.artifact_bucket.node.default_child)  # type: ignore[arg-type]
-        prefix = f"arn:<AWS::Partition>:{{}}:{self.region}:{self.account}:"
+        # cdk-nag writes a literal partition when the CDK knows it (@aws-cdk/core:enablePartitionLiterals).
+        partition = "<AWS::Partition>" if Token.is_unresolved(self.partition) else self.partition
+        prefix = f"arn:{partition}:{{}}:{self.region}:{self.account}:"
         logs, reports = prefix.format("logs") + "log-group:/aws/codebuild/", prefix.format("codebuild") + "report-group/"
         artifact_access = ("CDK Pipelines grants its stage roles read/write on the pipeline's own artifact bucket and "
                            "KMS key only; the wildcard covers object keys and KMS data-key variants.")
