@@ -18,6 +18,7 @@ from eks_dra.catalog import INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES, InstanceType,
 from eks_dra.catalog.ami_types import ami_type_for
 from eks_dra.devices.names import FAMILIES, DriverNames
 from eks_dra.errors import UserError
+from eks_dra.versions import DEFAULT_KUBERNETES_VERSION, validate_kubernetes_version
 
 AmiFamily = Literal["al2023", "bottlerocket"]
 DeviceMode = Literal["dra", "device-plugin"]
@@ -25,10 +26,6 @@ CapacityKind = Literal["on-demand", "odcr", "capacity-block"]
 EfaSetting = Literal["auto", "on", "off"]
 DriverImplementation = Literal["python", "upstream"]
 
-DEFAULT_KUBERNETES_VERSION = "1.34"
-# 1.33 works but EKS recommends 1.34 because of this DRA bug; newer versions wait for a kubectl layer.
-SUPPORTED_KUBERNETES_VERSIONS = ("1.33", "1.34")
-KUBERNETES_133_ISSUE = "kubernetes/kubernetes#133920"
 
 RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{8}([0-9a-f]{9})?$")
 ACCOUNT_ID = re.compile(r"^[0-9]{12}$")
@@ -449,18 +446,12 @@ class _Loader:
         if isinstance(raw, float) and len(version.split(".")[1]) == 1:
             self.fail("kubernetesVersion", f"YAML read {raw!r} as a number and dropped a trailing zero; quote it, "
                       f"e.g. kubernetesVersion: \"{DEFAULT_KUBERNETES_VERSION}\"")
-        match = re.fullmatch(r"1\.(\d+)", version)
-        if not match:
-            self.fail("kubernetesVersion", f"{version!r} is not a Kubernetes minor version; use \"1.34\"")
-        minor = int(match.group(1))
-        if minor < 33:
-            self.fail("kubernetesVersion", f"{version} is too old: DRA on EKS needs 1.33 or later (GA in 1.34); "
-                      "set kubernetesVersion: \"1.34\"")
-        if version not in SUPPORTED_KUBERNETES_VERSIONS:
-            self.fail("kubernetesVersion", f"{version} is not supported yet (eks-dra ships the kubectl v34 layer); "
-                      "use \"1.34\"")
-        if version == "1.33":
-            self.warn("kubernetesVersion", f"1.33 has a known DRA bug ({KUBERNETES_133_ISSUE}); EKS recommends 1.34")
+        try:
+            warnings = validate_kubernetes_version(version)
+        except ValueError as exc:
+            self.fail("kubernetesVersion", str(exc))
+        for warning in warnings:
+            self.warn("kubernetesVersion", warning)
         return version
 
     def _vpc(self, data: dict, region: str | None, account: str | None) -> VpcConfig:

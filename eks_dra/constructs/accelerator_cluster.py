@@ -89,7 +89,7 @@ class AcceleratorCluster(Construct):
             # Core add-ons are EKS managed add-ons below, with versions we choose.
             bootstrap_self_managed_addons=False,
             kubectl_provider_options=eks.KubectlProviderOptions(
-                kubectl_layer=KubectlV34Layer(self, "KubectlLayer"),
+                kubectl_layer=self._kubectl_layer(),
                 private_subnets=props.vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnets,
             ),
             secrets_encryption_key=self.secrets_key,
@@ -122,6 +122,10 @@ class AcceleratorCluster(Construct):
         if self._efa_security_group is None:
             self._efa_security_group = efa_security_group(self, "EfaSecurityGroup", self.props.vpc)
         return self._efa_security_group
+
+    def _kubectl_layer(self) -> KubectlV34Layer:
+        """The kubectl the provider runs, matching the cluster's version (the one place that picks it)."""
+        return KubectlV34Layer(self, "KubectlLayer")
 
     def _validate(self) -> None:
         p = self.props
