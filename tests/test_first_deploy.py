@@ -1,4 +1,4 @@
-"""Issue 10, items 1-9: what AWS does with the node groups on their first deploy and first update, read from the
+"""Issue 10, items 1-9, 14, 15: what AWS does with the node groups on their first deploy and first update, read from the
 synthesized templates of every shipped environment and of a generated one holding every catalogued instance type.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_stacks import SHIPPED, cdk_json_context, cluster_template, resources
+from test_stacks import SHIPPED, cdk_json_context, cluster_template, resources, synth_environment
 
 from eks_dra.catalog import INSTANCE_TYPES
 from eks_dra.catalog.node_limits import max_pods, node_limits
@@ -261,3 +261,59 @@ def test_protected_environments_keep_data_and_a_private_endpoint(env_name):
         assert found and all(r["DeletionPolicy"] == policy for r in found.values()), (kind, env_name)
     for group in resources(tpl, "AWS::Logs::LogGroup").values():
         assert group["Properties"]["RetentionInDays"] == env.log_retention_days
+
+
+# --- 14. plain manifests: a real image, samples apart ---
+
+def _dist_text(env_name: str) -> str:
+    dist = synth_environment(env_name).outdir / "dist" / env_name
+    return "\n".join(p.read_text() for p in sorted(dist.glob("*.k8s.yaml")))
+
+
+def test_dist_names_only_an_image_a_cluster_can_pull():
+    from eks_dra.charts.driver_chart import DEFAULT_IMAGE
+
+    # staging/prod: account and region known, so the CDK asset's ECR URI is a literal with the asset hash as tag.
+    for env_name in ("staging", "prod"):
+        synthesized = synth_environment(env_name)
+        assets = json.loads(next(synthesized.outdir.glob(f"EksDra-{env_name}.assets.json")).read_text())
+        (image,) = assets["dockerImages"].values()
+        destination = next(iter(image["destinations"].values()))
+        env = load_environment(env_name, Path("config"))
+        expected = (f"{env.account}.dkr.ecr.{env.region}.amazonaws.com/{destination['repositoryName']}:"
+                    f"{destination['imageTag']}")
+        text = _dist_text(env_name)
+        assert f"image: {expected}" in text and DEFAULT_IMAGE not in text, env_name
+    # dev: env-agnostic, no driverImage: the asset URI is unknown before deploy, so no driver DaemonSet at all.
+    docs = [d for d in yaml.safe_load_all(_dist_text("dev")) if d]
+    assert DEFAULT_IMAGE not in _dist_text("dev") and any(d["kind"] == "DeviceClass" for d in docs)
+    assert not [d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["namespace"] == "eks-dra-system"]
+
+
+def test_samples_live_apart_and_are_off_in_protected_environments():
+    for env_name in SHIPPED:
+        env = load_environment(env_name, Path("config"))
+        dist = synth_environment(env_name).outdir / "dist" / env_name
+        assert "dra-samples" not in _dist_text(env_name)
+        assert (dist / "samples").is_dir() == env.samples == (not env.protected), env_name
+        manifests = json.dumps(resources(cluster_template(env_name), "Custom::AWSCDK-EKS-KubernetesResource"))
+        assert ("dra-samples" in manifests) == env.samples, env_name
+
+
+# --- 15. as a library: the image build context ---
+
+def test_cluster_stack_without_a_build_context_fails_with_the_fix(tmp_path, monkeypatch):
+    """A non-editable install has no Dockerfile beside the package: refuse, naming driverImage, instead of
+    deploying DaemonSets with an image no registry has."""
+    import aws_cdk as cdk
+
+    from eks_dra.errors import UserError
+    from eks_dra.stacks import cluster_stack
+
+    monkeypatch.setattr(cluster_stack, "REPO_ROOT", tmp_path)
+    env = load_environment("staging", Path("config"))
+    with pytest.raises(UserError, match=r"staging.yaml: driverImage: eks-dra is installed without the driver image's "
+                                        r"build context.*set driverImage: REPO:TAG"):
+        cluster_stack.ClusterStack(cdk.App(), "NoContext", env)
+    stack = cluster_stack.ClusterStack(cdk.App(), "WithImage", env, driver_image="registry.example.com/eks-dra:1")
+    assert stack.driver_image_reference == "registry.example.com/eks-dra:1"

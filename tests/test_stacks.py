@@ -255,7 +255,8 @@ def test_pipeline_deploys_in_order_with_approval_before_protected():
                                            "Deploy")
     assert not [a for a in staging_actions if a["ActionTypeId"]["Category"] == "Approval"]
     build = json.dumps(resources(template, "AWS::CodeBuild::Project"))
-    assert "make synth ENV=$env" in build and "cdk synth -c pipeline=true" in build
+    assert "make synth ENV=staging" in build and "make synth ENV=prod" in build and "cdk synth -c pipeline=true" in build
+    assert "@latest" not in json.dumps(template), "the pipeline installs pinned tools only"
 
 
 def test_manifests_are_applied_in_chart_order():

@@ -10,7 +10,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import jsii
-from aws_cdk import Acknowledgment, Aspects, CfnOutput, Environment, IAspect, RemovalPolicy, Stack, Tags, Validations
+from aws_cdk import (
+    Acknowledgment,
+    Aspects,
+    CfnOutput,
+    DefaultStackSynthesizer,
+    Environment,
+    IAspect,
+    RemovalPolicy,
+    Stack,
+    Tags,
+    Token,
+    Validations,
+)
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_logs as logs
@@ -24,7 +36,8 @@ from eks_dra.constructs import (
     AcceleratorNodeGroupProps,
     NodeTaint,
 )
-from eks_dra.stacks.manifests import build_k8s_app, upstream_helm_charts
+from eks_dra.errors import UserError
+from eks_dra.stacks.manifests import build_k8s_app, needs_driver_image, upstream_helm_charts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The driver image's build context: only these paths are staged into cdk.out (never .venv or node_modules).
@@ -80,6 +93,7 @@ class ClusterStack(Stack):
         for group in env_config.node_groups:
             self.node_groups[group.name] = self.accelerator_cluster.add_node_group(
                 _construct_id(group.name), self._node_group_props(group))
+        self.driver_image_asset: ecr_assets.DockerImageAsset | None = None
         self.driver_image = driver_image or env_config.driver_image or self._driver_image_asset()
         self.manifests = self._add_manifests()
 
@@ -180,12 +194,33 @@ class ClusterStack(Stack):
 
     def _driver_image_asset(self) -> str | None:
         """Build the driver image from the repository's Dockerfile (staged at synth, built at deploy)."""
-        if not (REPO_ROOT / "Dockerfile").is_file():
+        if not needs_driver_image(self.env_config):
             return None
-        asset = ecr_assets.DockerImageAsset(
+        if not (REPO_ROOT / "Dockerfile").is_file():
+            raise UserError(
+                f"{self.env_config.source}: driverImage: eks-dra is installed without the driver image's build context "
+                f"(no Dockerfile beside {REPO_ROOT / 'eks_dra'}), so the stack cannot build the image; push the image "
+                "to a registry and set driverImage: REPO:TAG (or pass driver_image= to ClusterStack), or deploy "
+                "from a clone of the repository")
+        self.driver_image_asset = ecr_assets.DockerImageAsset(
             self, "DriverImage", directory=str(REPO_ROOT), exclude=IMAGE_EXCLUDE,
             platform=ecr_assets.Platform.LINUX_AMD64)
-        return asset.image_uri
+        return self.driver_image_asset.image_uri
+
+    @property
+    def driver_image_reference(self) -> str | None:
+        """The driver image as a literal a plain-manifest user can pull: the configured image, or the CDK asset's
+        ECR URI when the account and region are known (the bootstrap repository and the asset hash as tag);
+        None for an env-agnostic stack whose asset URI is known only at deploy."""
+        if self.driver_image_asset is None:
+            return self.driver_image
+        if Token.is_unresolved(self.account) or Token.is_unresolved(self.region):
+            return None
+        qualifier = self.node.try_get_context("@aws-cdk/core:bootstrapQualifier") or \
+            DefaultStackSynthesizer.DEFAULT_QUALIFIER
+        suffix = "amazonaws.com.cn" if self.region.startswith("cn-") else "amazonaws.com"
+        return (f"{self.account}.dkr.ecr.{self.region}.{suffix}/cdk-{qualifier}-container-assets-{self.account}-"
+                f"{self.region}:{self.driver_image_asset.asset_hash}")
 
     def _add_manifests(self) -> list:
         """Apply the vendor Helm charts (drivers: <family>: upstream), then the environment's cdk8s charts
