@@ -78,6 +78,8 @@ class AcceleratorNodeGroupProps:
     mig_profile: str | None = None
     """AL2023 NVIDIA: static MIG profile created on every GPU at boot."""
     root_volume_gib: int = 200
+    root_volume_throughput: int = 500
+    """gp3 throughput (MiB/s) of the root/data volume; 125 is gp3's baseline (no extra charge)."""
     local_storage: bool | None = None
     """RAID0 the instance-store NVMe for containerd, kubelet and pod scratch; default: on when the type has any."""
     max_pods: int | None = None
@@ -119,6 +121,7 @@ class AcceleratorNodeGroup(Construct):
             neuron_device_ownership=props.neuron_device_ownership,
             mig_profile=props.mig_profile,
             root_volume_gib=props.root_volume_gib,
+            root_volume_throughput=props.root_volume_throughput,
             local_storage=self.local_storage,
             max_pods=self.max_pods,
             http_put_response_hop_limit=props.http_put_response_hop_limit,

@@ -184,6 +184,8 @@ class ClusterStack(Stack):
             neuron_device_ownership=bottlerocket and neuron,
             mig_profile=group.mig_profile,
             root_volume_gib=200 if group.instance is not None else 50,
+            # Fast image pulls where images are large (accelerator nodes); the gp3 baseline elsewhere.
+            root_volume_throughput=500 if group.instance is not None else 125,
             local_storage=group.local_storage,
             http_put_response_hop_limit=group.imds_hop_limit,
             # Accelerator nodes run jobs a forced drain would kill; system pods are stateless and replicated.
