@@ -13,7 +13,7 @@ export CDK_DISABLE_VERSION_CHECK := 1
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: deps synth deploy diff destroy test lint e2e bench bench-e2e gpu-check protos clean
+.PHONY: deps synth deploy diff destroy schema test lint e2e bench bench-e2e gpu-check protos clean
 
 deps: $(PY_STAMP) $(NODE_STAMP)
 
@@ -74,6 +74,10 @@ bench-e2e: deps
 
 gpu-check: deps
 	$(PY) -m eks_dra.drivers.gpu_check
+
+# The JSON Schema of config/*.yaml that editors read (the yaml-language-server line at the top of each file).
+schema: deps
+	$(PY) -m eks_dra.config_models config/schema
 
 protos: deps
 	$(PY) -m eks_dra.drivers.proto.generate

@@ -1,7 +1,9 @@
 """Environment configuration: `config/<env>.yaml` validated into typed, frozen objects.
 
+The file's shape (types, choices, no unknown keys) is checked by the pydantic models of `eks_dra.config_models`;
+this module derives the environment from the checked mapping and checks what spans keys or needs the catalog.
 Every mistake raises `UserError` naming the file, the field path (`config/dev.yaml: nodeGroups[2].capacity`)
-and the fix. Plain data: this module imports only the catalog, the driver names and the error type.
+and the fix. Plain data: this module imports only the catalog, the driver names, the models and the error type.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import yaml
 
 from eks_dra.catalog import INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES, InstanceType, closest_instance_types
 from eks_dra.catalog.ami_types import ami_type_for
+from eks_dra.config_models import EnvironmentFile, PipelineFile, validated
 from eks_dra.devices.names import FAMILIES, DriverNames
 from eks_dra.errors import UserError
 from eks_dra.versions import DEFAULT_KUBERNETES_VERSION, validate_kubernetes_version
@@ -239,8 +242,7 @@ def load_environment(name: str, config_dir: Path = Path("config")) -> Environmen
         known = sorted(p.stem for p in config_dir.glob("*.yaml") if p.stem != "pipeline") if config_dir.is_dir() else []
         hint = f"; known environments: {', '.join(known)}" if known else ""
         raise UserError(f"{path}: no such environment file; create it or pick another with -c env=NAME{hint}")
-    data = _read_yaml(path)
-    return _Loader(path, name).environment(data)
+    return _Loader(path, name).environment(_checked(EnvironmentFile, _read_yaml(path), path))
 
 
 def load_pipeline(config_dir: Path = Path("config")) -> PipelineConfig:
@@ -248,8 +250,14 @@ def load_pipeline(config_dir: Path = Path("config")) -> PipelineConfig:
     path = Path(config_dir) / "pipeline.yaml"
     if not path.is_file():
         raise UserError(f"{path}: no such file; create it with `environments: [dev, prod]` and a `source:` block")
-    data = _read_yaml(path)
-    return _Loader(path, "pipeline").pipeline(data, Path(config_dir))
+    return _Loader(path, "pipeline").pipeline(_checked(PipelineFile, _read_yaml(path), path), Path(config_dir))
+
+
+def _checked(model: type, data: dict, path: Path) -> dict:
+    try:
+        return validated(model, data, path)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -300,50 +308,16 @@ class PipelineConfig:
 
 
 class _Fields:
-    """Takes typed fields out of one YAML mapping; leftover keys are errors with a did-you-mean."""
+    """One mapping of the file after the models checked it (`eks_dra.config_models`): keys as written, values of
+    the right type; an absent or empty key gives the default."""
 
-    def __init__(self, loader: _Loader, data: Any, path: str, allowed: tuple[str, ...]):
-        self.loader = loader
+    def __init__(self, data: dict | None, path: str):
+        self.data = dict(data or {})
         self.path = path
-        if not isinstance(data, dict):
-            loader.fail(path, f"must be a mapping, got {_kind(data)}")
-        self.data = dict(data)
-        self.allowed = allowed
-        for key in self.data:
-            if key not in allowed:
-                close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.5)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; allowed: {', '.join(allowed)}"
-                loader.fail(self.child(str(key)), f"unknown setting{hint}")
 
-    def child(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
-        if key not in self.data or self.data[key] is None:
-            return default
-        value = self.data[key]
-        if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            self.loader.fail(self.child(key), f"must be {_article(names)}, got {_kind(value)} {value!r}")
-        return value
-
-    def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
-        value = self.get(key, str, default)
-        if value not in choices:
-            close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            self.loader.fail(self.child(key), f"{value!r} is not allowed{hint}; use one of: {', '.join(choices)}")
-        return value
-
-
-def _kind(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "a number",
-            float: "a number", type(None): "nothing"}.get(type(value), type(value).__name__)
-
-
-def _article(names: str) -> str:
-    return {"str": "a string", "int": "an integer", "bool": "true or false", "dict": "a mapping",
-            "list": "a list"}.get(names, names)
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.data.get(key)
+        return default if value is None else value
 
 
 class _Loader:
@@ -361,33 +335,29 @@ class _Loader:
     # --- top level ---
 
     def environment(self, data: dict) -> EnvironmentConfig:
-        top = _Fields(self, data, "", (
-            "account", "region", "clusterName", "kubernetesVersion", "vpc", "protected", "nodeGroups",
-            "drivers", "driverImage", "clusterAdminRoleArns", "autoMode", "karpenter", "apiEndpoint",
-            "logRetentionDays", "samples",
-        ))
+        top = _Fields(data, "")
         self._reject_dynamic_capacity(top)
-        account = top.get("account", (str, int))
+        account = top.get("account")
         if account is not None:
             account = str(account).zfill(12) if isinstance(account, int) else account
             if not ACCOUNT_ID.match(account):
                 self.fail("account", f"{account!r} is not a 12-digit AWS account id; quote it: account: \"123456789012\"")
-        region = top.get("region", str)
+        region = top.get("region")
         if region is not None and not REGION.match(region):
             self.fail("region", f"{region!r} is not an AWS region name (e.g. us-east-2)")
-        cluster_name = top.get("clusterName", str, f"eks-dra-{self.env_name}")
+        cluster_name = top.get("clusterName", f"eks-dra-{self.env_name}")
         if not CLUSTER_NAME.match(cluster_name):
             self.fail("clusterName", f"{cluster_name!r} is not a valid EKS cluster name (letters, digits, - and _)")
         version = self._kubernetes_version(top)
-        vpc = self._vpc(top.get("vpc", dict, {}), region, account)
-        drivers = self._drivers(top.get("drivers", dict, {}))
-        raw_groups = top.get("nodeGroups", list, None)
+        vpc = self._vpc(top.get("vpc", {}), region, account)
+        drivers = self._drivers(top.get("drivers", {}))
+        raw_groups = top.get("nodeGroups", None)
         if not raw_groups:
             self.fail("nodeGroups", "at least one node group is required (a small system group, e.g. m7i.xlarge)")
         groups = tuple(self._node_group(g, f"nodeGroups[{i}]", region, vpc) for i, g in enumerate(raw_groups))
         self._check_groups_together(groups)
-        driver_image = top.get("driverImage", str)
-        admins = top.get("clusterAdminRoleArns", list, [])
+        driver_image = top.get("driverImage")
+        admins = top.get("clusterAdminRoleArns", [])
         for i, arn in enumerate(admins):
             if not isinstance(arn, str) or not re.match(r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/.+", arn):
                 self.fail(f"clusterAdminRoleArns[{i}]", f"{arn!r} is not an IAM role ARN (arn:aws:iam::ACCOUNT:role/NAME)")
@@ -395,9 +365,9 @@ class _Loader:
                 g.manager(f) == "dra" and drivers.implementation(f) == "python" for f in g.families) for g in groups):
             self.warn("driverImage", "the driver image eks-dra builds is linux/amd64; arm64 DRA node groups (e.g. "
                       "p6e-gb200) need driverImage set to a multi-arch image")
-        protected = top.get("protected", bool, False)
+        protected = top.get("protected", False)
         public, cidrs = self._api_endpoint(top, protected)
-        retention = top.get("logRetentionDays", int, 365 if protected else 30)
+        retention = top.get("logRetentionDays", 365 if protected else 30)
         if retention not in LOG_RETENTION_DAYS:
             close = min(LOG_RETENTION_DAYS, key=lambda d: abs(d - retention))
             self.fail("logRetentionDays", f"{retention} is not a CloudWatch Logs retention; use one of "
@@ -410,18 +380,18 @@ class _Loader:
             kubernetes_version=version, vpc=vpc, protected=protected, node_groups=groups,
             drivers=drivers, driver_image=driver_image, warnings=tuple(self.warnings),
             cluster_admin_role_arns=tuple(admins), endpoint_public=public, endpoint_public_cidrs=cidrs,
-            log_retention_days=retention, samples=top.get("samples", bool, not protected),
+            log_retention_days=retention, samples=top.get("samples", not protected),
         )
 
     def _api_endpoint(self, top: _Fields, protected: bool) -> tuple[bool, tuple[str, ...]]:
         """Unprotected: public (and private) by default. Protected: private unless public CIDRs are given."""
-        api = _Fields(self, top.get("apiEndpoint", dict, {}), "apiEndpoint", ("public", "publicAccessCidrs"))
-        cidrs = api.get("publicAccessCidrs", list, [])
+        api = _Fields(top.get("apiEndpoint", {}), "apiEndpoint")
+        cidrs = api.get("publicAccessCidrs", [])
         for i, cidr in enumerate(cidrs):
             m = IPV4_CIDR.match(str(cidr))
             if not m or any(int(x) > 255 for x in m.groups()[:4]) or int(m.group(5)) > 32:
                 self.fail(f"apiEndpoint.publicAccessCidrs[{i}]", f"{cidr!r} is not an IPv4 CIDR (e.g. 203.0.113.0/24)")
-        public = api.get("public", bool, bool(cidrs) or not protected)
+        public = api.get("public", bool(cidrs) or not protected)
         if cidrs and not public:
             self.fail("apiEndpoint.publicAccessCidrs", "is set but apiEndpoint.public is false; remove the CIDRs or "
                       "set public: true")
@@ -432,7 +402,7 @@ class _Loader:
         return public, tuple(map(str, cidrs))
 
     def _reject_dynamic_capacity(self, top: _Fields) -> None:
-        if top.get("autoMode", bool, False):
+        if top.get("autoMode", False):
             self.fail("autoMode", "EKS Auto Mode cannot be used with eks-dra's DRA drivers (Auto Mode brings its own "
                       "device stack and has no DRA on 1.34, no Neuron DRA at all); remove autoMode, node groups "
                       "are managed node groups")
@@ -441,7 +411,7 @@ class _Loader:
                       "scheduler can allocate its devices on 1.34; remove karpenter and size nodeGroups instead")
 
     def _kubernetes_version(self, top: _Fields) -> str:
-        raw = top.get("kubernetesVersion", (str, float, int), DEFAULT_KUBERNETES_VERSION)
+        raw = top.get("kubernetesVersion", DEFAULT_KUBERNETES_VERSION)
         version = str(raw)
         if isinstance(raw, float) and len(version.split(".")[1]) == 1:
             self.fail("kubernetesVersion", f"YAML read {raw!r} as a number and dropped a trailing zero; quote it, "
@@ -455,15 +425,15 @@ class _Loader:
         return version
 
     def _vpc(self, data: dict, region: str | None, account: str | None) -> VpcConfig:
-        f = _Fields(self, data, "vpc", ("cidr", "vpcId", "privateSubnets", "availabilityZones"))
-        vpc_id = f.get("vpcId", str)
-        cidr = f.get("cidr", str)
+        f = _Fields(data, "vpc")
+        vpc_id = f.get("vpcId")
+        cidr = f.get("cidr")
         if vpc_id and cidr:
             self.fail("vpc", "give either cidr (new VPC) or vpcId (existing VPC), not both")
         if vpc_id:
             if not VPC_ID.match(vpc_id):
                 self.fail("vpc.vpcId", f"{vpc_id!r} is not a VPC id (vpc-0123456789abcdef0)")
-            subnets = f.get("privateSubnets", dict, {})
+            subnets = f.get("privateSubnets", {})
             if not subnets:
                 self.fail("vpc.privateSubnets", "an existing VPC needs its private subnets, one per AZ "
                           "(privateSubnets: {us-east-2a: subnet-...}); eks-dra does no lookups at synth time")
@@ -481,7 +451,7 @@ class _Loader:
         if not m or any(int(p) > 255 for p in m.groups()[:4]) or not 16 <= int(m.group(5)) <= 20:
             self.fail("vpc.cidr", f"{cidr!r} must be an IPv4 CIDR between /16 and /20 (e.g. 10.0.0.0/16): EFA nodes "
                       "use many addresses")
-        azs = f.get("availabilityZones", list, [])
+        azs = f.get("availabilityZones", [])
         for i, az in enumerate(azs):
             self._check_az(f"vpc.availabilityZones[{i}]", str(az), region)
         if not azs and account is not None and region is not None:
@@ -497,14 +467,14 @@ class _Loader:
             self.fail(field_path, f"{az!r} is not an availability zone of region {region} (e.g. {region}a)")
 
     def _drivers(self, data: dict) -> DriversConfig:
-        f = _Fields(self, data, "drivers", ("gpu", "efa", "neuron", "names"))
-        impl = {fam: f.choice(fam, ("python", "upstream"), "python") for fam in FAMILIES}
-        names_data = f.get("names", dict, {})
-        nf = _Fields(self, names_data, "drivers.names", FAMILIES)
+        f = _Fields(data, "drivers")
+        impl = {fam: f.get(fam, "python") for fam in FAMILIES}
+        names_data = f.get("names", {})
+        nf = _Fields(names_data, "drivers.names")
         defaults = DriverNames()
         names = {}
         for fam in FAMILIES:
-            value = nf.get(fam, str, defaults.for_family(fam))
+            value = nf.get(fam, defaults.for_family(fam))
             if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+", value) or \
                     len(value) > 63:
                 self.fail(f"drivers.names.{fam}", f"{value!r} must be a DNS subdomain with a dot "
@@ -517,16 +487,13 @@ class _Loader:
     # --- node groups ---
 
     def _node_group(self, data: Any, p: str, region: str | None, vpc: VpcConfig) -> NodeGroupConfig:
-        f = _Fields(self, data, p, (
-            "name", "instanceType", "minSize", "desiredSize", "maxSize", "amiFamily", "amiType", "deviceMode",
-            "capacity", "efa", "availabilityZone", "labels", "taints", "migProfile", "imdsHopLimit", "localStorage",
-        ))
-        name = f.get("name", str)
+        f = _Fields(data, p)
+        name = f.get("name")
         if not name:
             self.fail(f"{p}.name", "every node group needs a name (lowercase letters, digits and '-')")
         if not NODE_GROUP_NAME.match(name):
             self.fail(f"{p}.name", f"{name!r} must be lowercase letters, digits and '-', at most 40 characters")
-        instance_type = f.get("instanceType", str)
+        instance_type = f.get("instanceType")
         if not instance_type:
             self.fail(f"{p}.instanceType", "required (e.g. p5.48xlarge)")
         inst = INSTANCE_TYPES.get(instance_type)
@@ -537,7 +504,7 @@ class _Loader:
             self.fail(f"{p}.instanceType", f"{instance_type!r} is not in the eks-dra instance catalog{hint}")
         accel = inst.accelerator_kind if inst else None
 
-        sizes = {k: f.get(k, int) for k in ("minSize", "desiredSize", "maxSize")}
+        sizes = {k: f.get(k) for k in ("minSize", "desiredSize", "maxSize")}
         min_size = 0 if sizes["minSize"] is None else sizes["minSize"]
         desired = min_size if sizes["desiredSize"] is None else sizes["desiredSize"]
         max_size = max(desired, 1) if sizes["maxSize"] is None else sizes["maxSize"]
@@ -551,7 +518,7 @@ class _Loader:
             self.fail(f"{p}.desiredSize", f"must lie between minSize ({min_size}) and maxSize ({max_size}), "
                       f"got {desired}")
 
-        ami_family = f.choice("amiFamily", ("al2023", "bottlerocket"), "al2023")
+        ami_family = f.get("amiFamily", "al2023")
         modes = self._device_modes(f, p, inst)
         device_mode = modes.get(accel or "", "dra") if accel else modes.get("efa", "dra")
         overrides = {fam: mode for fam, mode in modes.items() if mode != device_mode}
@@ -559,11 +526,11 @@ class _Loader:
         capacity = self._capacity(f, p)
         if isinstance(f.data.get("efa"), bool):  # YAML 1.1 reads a bare on/off as a boolean
             f.data["efa"] = "on" if f.data["efa"] else "off"
-        efa = f.choice("efa", ("auto", "on", "off"), "auto")
+        efa = f.get("efa", "auto")
         if efa == "on" and (inst is None or not inst.efa_supported or inst.max_efa_interfaces == 0):
             self.fail(f"{p}.efa", f"{instance_type} has no EFA; set efa: off (or auto), or pick an EFA type "
                       "such as p5.48xlarge, g6e.48xlarge or trn2.48xlarge")
-        az = f.get("availabilityZone", str)
+        az = f.get("availabilityZone")
         if az is not None:
             self._check_az(f"{p}.availabilityZone", az, region)
             known_azs = tuple(vpc.private_subnets) if vpc.vpc_id else vpc.availability_zones
@@ -575,14 +542,14 @@ class _Loader:
                 where = "vpc.privateSubnets" if vpc.vpc_id else "vpc.availabilityZones"
                 self.fail(f"{p}.availabilityZone", f"{az} is not one of the VPC's AZs ({', '.join(known_azs)}); "
                           f"add it to {where}")
-        labels = self._labels(f.get("labels", dict, {}), f"{p}.labels")
-        taints = self._taints(f.get("taints", list, []), f"{p}.taints")
-        mig = f.get("migProfile", str)
-        hop_limit = f.get("imdsHopLimit", int, 1)
+        labels = self._labels(f.get("labels", {}), f"{p}.labels")
+        taints = self._taints(f.get("taints", []), f"{p}.taints")
+        mig = f.get("migProfile")
+        hop_limit = f.get("imdsHopLimit", 1)
         if hop_limit not in (1, 2):
             self.fail(f"{p}.imdsHopLimit", f"must be 1 (pods cannot reach IMDS) or 2 (containers that read IMDS "
                       f"themselves), got {hop_limit}")
-        local_storage = f.get("localStorage", bool)
+        local_storage = f.get("localStorage")
 
         group = NodeGroupConfig(
             name=name, instance_type=instance_type, min_size=min_size, desired_size=desired, max_size=max_size,
@@ -598,7 +565,7 @@ class _Loader:
 
     def _device_modes(self, f: _Fields, p: str, inst: InstanceType | None) -> dict[str, DeviceMode]:
         """`deviceMode: dra` for every family, or a mapping {gpu: dra, efa: device-plugin}."""
-        raw = f.get("deviceMode", (str, dict), "dra")
+        raw = f.get("deviceMode", "dra")
         present = ([inst.accelerator_kind] if inst else []) + (["efa"] if inst and inst.efa_supported else [])
         allowed = ("dra", "device-plugin")
         if isinstance(raw, str):
@@ -625,7 +592,7 @@ class _Loader:
         return modes
 
     def _capacity(self, f: _Fields, p: str) -> CapacityConfig:
-        raw = f.get("capacity", str, "on-demand")
+        raw = f.get("capacity", "on-demand")
         kind, _, reservation = raw.partition(":")
         if kind not in ("on-demand", "odcr", "capacity-block"):
             self.fail(f"{p}.capacity", f"{raw!r} is not allowed; use on-demand, odcr:cr-... or capacity-block:cr-...")
@@ -646,7 +613,7 @@ class _Loader:
                 and inst.architecture == "arm64":
             self.fail(f"{p}.amiFamily", f"Bottlerocket NVIDIA AMIs do not support {g.instance_type} (AWS documents "
                       "only AL2023 ARM NVIDIA for it); set amiFamily: al2023")
-        explicit = f.get("amiType", str)
+        explicit = f.get("amiType")
         if explicit is not None:
             if explicit not in AMI_TYPES:
                 close = difflib.get_close_matches(explicit, AMI_TYPES, n=1, cutoff=0.5)
@@ -715,12 +682,12 @@ class _Loader:
     def _taints(self, data: list, p: str) -> tuple[Taint, ...]:
         taints = []
         for i, raw in enumerate(data):
-            tf = _Fields(self, raw, f"{p}[{i}]", ("key", "value", "effect"))
-            key = tf.get("key", str)
+            tf = _Fields(raw, f"{p}[{i}]")
+            key = tf.get("key")
             if not key or not LABEL_NAME.match(key):
                 self.fail(f"{p}[{i}].key", "required: a label-style key (e.g. example.com/dedicated)")
-            value = str(tf.get("value", (str, int, bool), ""))
-            effect = tf.choice("effect", TAINT_EFFECTS, "NoSchedule")
+            value = str(tf.get("value", ""))
+            effect = tf.get("effect", "NoSchedule")
             taints.append(Taint(key, value, effect))
         return tuple(taints)
 
@@ -736,20 +703,20 @@ class _Loader:
     # --- pipeline ---
 
     def pipeline(self, data: dict, config_dir: Path) -> PipelineConfig:
-        top = _Fields(self, data, "", ("environments", "source", "account", "region"))
-        envs = top.get("environments", list, [])
+        top = _Fields(data, "")
+        envs = top.get("environments", [])
         if not envs:
             self.fail("environments", "list the environments to deploy, in order (e.g. [dev, staging, prod])")
         if len(set(map(str, envs))) != len(envs):
             self.fail("environments", "an environment is listed twice; list each once, in deployment order")
-        src = _Fields(self, top.get("source", dict, {}), "source", ("repository", "branch", "connectionArn"))
-        repo = src.get("repository", str)
+        src = _Fields(top.get("source", {}), "source")
+        repo = src.get("repository")
         if not repo or not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
             self.fail("source.repository", "required: owner/name of the Git repository")
-        arn = src.get("connectionArn", str)
+        arn = src.get("connectionArn")
         if not arn or not arn.startswith("arn:aws"):
             self.fail("source.connectionArn", "required: the CodeConnections connection ARN (arn:aws:codeconnections:...)")
-        account = top.get("account", (str, int))
+        account = top.get("account")
         account = str(account).zfill(12) if isinstance(account, int) else account
         environments = tuple(load_environment(str(e), config_dir) for e in envs)
         for before, after in zip(environments, environments[1:], strict=False):
@@ -760,6 +727,6 @@ class _Loader:
         return PipelineConfig(
             source_file=self.path,
             environments=environments,
-            source=PipelineSource(repo, src.get("branch", str, "main"), arn),
-            account=account, region=top.get("region", str),
+            source=PipelineSource(repo, src.get("branch", "main"), arn),
+            account=account, region=top.get("region"),
         )
