@@ -40,7 +40,6 @@ CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 LABEL_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
-TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 IPV4_CIDR = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})/(\d{1,2})$")
 # The values CloudWatch Logs accepts for RetentionInDays.
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
@@ -311,9 +310,8 @@ class _Fields:
     """One mapping of the file after the models checked it (`eks_dra.config_models`): keys as written, values of
     the right type; an absent or empty key gives the default."""
 
-    def __init__(self, data: dict | None, path: str):
+    def __init__(self, data: dict | None):
         self.data = dict(data or {})
-        self.path = path
 
     def get(self, key: str, default: Any = None) -> Any:
         value = self.data.get(key)
@@ -335,7 +333,7 @@ class _Loader:
     # --- top level ---
 
     def environment(self, data: dict) -> EnvironmentConfig:
-        top = _Fields(data, "")
+        top = _Fields(data)
         self._reject_dynamic_capacity(top)
         account = top.get("account")
         if account is not None:
@@ -385,7 +383,7 @@ class _Loader:
 
     def _api_endpoint(self, top: _Fields, protected: bool) -> tuple[bool, tuple[str, ...]]:
         """Unprotected: public (and private) by default. Protected: private unless public CIDRs are given."""
-        api = _Fields(top.get("apiEndpoint", {}), "apiEndpoint")
+        api = _Fields(top.get("apiEndpoint", {}))
         cidrs = api.get("publicAccessCidrs", [])
         for i, cidr in enumerate(cidrs):
             m = IPV4_CIDR.match(str(cidr))
@@ -425,7 +423,7 @@ class _Loader:
         return version
 
     def _vpc(self, data: dict, region: str | None, account: str | None) -> VpcConfig:
-        f = _Fields(data, "vpc")
+        f = _Fields(data)
         vpc_id = f.get("vpcId")
         cidr = f.get("cidr")
         if vpc_id and cidr:
@@ -467,10 +465,10 @@ class _Loader:
             self.fail(field_path, f"{az!r} is not an availability zone of region {region} (e.g. {region}a)")
 
     def _drivers(self, data: dict) -> DriversConfig:
-        f = _Fields(data, "drivers")
+        f = _Fields(data)
         impl = {fam: f.get(fam, "python") for fam in FAMILIES}
         names_data = f.get("names", {})
-        nf = _Fields(names_data, "drivers.names")
+        nf = _Fields(names_data)
         defaults = DriverNames()
         names = {}
         for fam in FAMILIES:
@@ -487,7 +485,7 @@ class _Loader:
     # --- node groups ---
 
     def _node_group(self, data: Any, p: str, region: str | None, vpc: VpcConfig) -> NodeGroupConfig:
-        f = _Fields(data, p)
+        f = _Fields(data)
         name = f.get("name")
         if not name:
             self.fail(f"{p}.name", "every node group needs a name (lowercase letters, digits and '-')")
@@ -682,7 +680,7 @@ class _Loader:
     def _taints(self, data: list, p: str) -> tuple[Taint, ...]:
         taints = []
         for i, raw in enumerate(data):
-            tf = _Fields(raw, f"{p}[{i}]")
+            tf = _Fields(raw)
             key = tf.get("key")
             if not key or not LABEL_NAME.match(key):
                 self.fail(f"{p}[{i}].key", "required: a label-style key (e.g. example.com/dedicated)")
@@ -703,13 +701,13 @@ class _Loader:
     # --- pipeline ---
 
     def pipeline(self, data: dict, config_dir: Path) -> PipelineConfig:
-        top = _Fields(data, "")
+        top = _Fields(data)
         envs = top.get("environments", [])
         if not envs:
             self.fail("environments", "list the environments to deploy, in order (e.g. [dev, staging, prod])")
         if len(set(map(str, envs))) != len(envs):
             self.fail("environments", "an environment is listed twice; list each once, in deployment order")
-        src = _Fields(top.get("source", {}), "source")
+        src = _Fields(top.get("source", {}))
         repo = src.get("repository")
         if not repo or not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
             self.fail("source.repository", "required: owner/name of the Git repository")
