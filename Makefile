@@ -13,7 +13,7 @@ export CDK_DISABLE_VERSION_CHECK := 1
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: deps synth test lint e2e bench bench-e2e gpu-check protos clean
+.PHONY: deps synth deploy diff destroy schema test lint e2e bench bench-e2e gpu-check protos clean
 
 deps: $(PY_STAMP) $(NODE_STAMP)
 
@@ -28,10 +28,27 @@ $(NODE_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+# Synthesize into a scratch folder and replace cdk.out and dist/$(ENV) only when synth succeeded: a failed synth
+# leaves the last good output in place.
+SYNTH_TMP := .synth-tmp
 synth: deps
-	rm -rf cdk.out dist/$(ENV)
-	cdk synth -c env=$(ENV) --no-notices --quiet > /dev/null
+	rm -rf $(SYNTH_TMP)
+	cdk synth -c env=$(ENV) -c dist=$(SYNTH_TMP)/dist -o $(SYNTH_TMP)/cdk.out --no-notices --quiet > /dev/null
+	rm -rf cdk.out dist/$(ENV) && mkdir -p dist
+	mv $(SYNTH_TMP)/cdk.out cdk.out && mv $(SYNTH_TMP)/dist/$(ENV) dist/$(ENV) && rm -rf $(SYNTH_TMP)
 	eks-dra plan -c env=$(ENV)
+	$(PY) -m eks_dra.stacks.synth_summary $(ENV)
+
+# These need AWS credentials for the environment's account (and `cdk bootstrap` done once per account/region);
+# deploy also needs a Docker engine to build the driver image. They act on the assembly `make synth` just checked.
+deploy: synth
+	cdk deploy --app cdk.out EksDra-$(ENV) --no-notices
+
+diff: synth
+	cdk diff --app cdk.out EksDra-$(ENV) --no-notices
+
+destroy: synth
+	cdk destroy --app cdk.out EksDra-$(ENV) --no-notices
 
 lint: deps
 	ruff check eks_dra tests bench app.py
@@ -65,8 +82,12 @@ bench-e2e: deps
 gpu-check: deps
 	$(PY) -m eks_dra.drivers.gpu_check --driver-root $(or $(NVIDIA_DRIVER_ROOT),/)
 
+# The JSON Schema of config/*.yaml that editors read (the yaml-language-server line at the top of each file).
+schema: deps
+	$(PY) -m eks_dra.config_models config/schema
+
 protos: deps
 	$(PY) -m eks_dra.drivers.proto.generate
 
 clean:
-	rm -rf cdk.out dist .pytest_cache
+	rm -rf cdk.out dist .pytest_cache .synth-tmp

@@ -14,8 +14,9 @@ import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
 from eks_dra.config import EnvironmentConfig, load_environment, load_pipeline
+from eks_dra.constructs.eks_checks import EksDraChecks
 from eks_dra.errors import UserError
-from eks_dra.stacks.manifests import write_manifests
+from eks_dra.stacks.manifests import needs_driver_image, write_manifests
 
 # Relative when run from the repository root, so that error messages name `config/dev.yaml`.
 CONFIG_DIR = Path(os.path.relpath(Path(__file__).resolve().parent / "config"))
@@ -36,24 +37,38 @@ def build_app(app: cdk.App, config_dir: Path = CONFIG_DIR, manifests_dir: Path |
     else:
         env = load_environment(str(app.node.try_get_context("env") or "dev"), config_dir)
         _print_warnings(env)
-        stacks.append(ClusterStack(app, f"EksDra-{env.name}", env))
+        stack = ClusterStack(app, f"EksDra-{env.name}", env)
+        stacks.append(stack)
         if manifests_dir is not None:
-            write_manifests(env, manifests_dir / env.name)
-    # cdk-nag 3 is a policy-validation plugin: findings without an acknowledgement fail the synth.
-    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+            _write_dist(env, stack.driver_image_reference, manifests_dir / env.name)
+    # cdk-nag 3 is a policy-validation plugin: findings without an acknowledgement fail the synth. AwsSolutions
+    # never sees the aws_eks_v2 cluster; EksDraChecks checks it.
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app), EksDraChecks(app))
     return stacks
+
+
+def _write_dist(env: EnvironmentConfig, image: str | None, out_dir: Path) -> None:
+    """Plain manifests name only an image a cluster can pull; without one the driver DaemonSets are left out."""
+    drivers = image is not None or not needs_driver_image(env)
+    if not drivers:
+        print(f"eks-dra: warning: {out_dir}/ has no eks-dra driver DaemonSets: no driver image a cluster outside CDK "
+              f"could pull (the CDK-built image's URI is known only at deploy without an account); set driverImage: "
+              f"REPO:TAG in {env.source}", file=sys.stderr)
+    write_manifests(env, out_dir, image, drivers=drivers)
 
 
 def _print_warnings(*envs: EnvironmentConfig) -> None:
     for env in envs:
-        for warning in env.warnings:
-            print(f"eks-dra: warning: {warning}", file=sys.stderr)
+        for warning in (*env.warnings, env.access_warning):
+            if warning:
+                print(f"eks-dra: warning: {warning}", file=sys.stderr)
 
 
 def main() -> None:
     app = cdk.App()
     try:
-        build_app(app)
+        # `-c dist=DIR` writes the manifests elsewhere (make synth writes to a scratch folder first).
+        build_app(app, manifests_dir=Path(app.node.try_get_context("dist") or "dist"))
     except UserError as exc:
         print(f"eks-dra: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)

@@ -1,7 +1,9 @@
 """Environment configuration: `config/<env>.yaml` validated into typed, frozen objects.
 
+The file's shape (types, choices, no unknown keys) is checked by the pydantic models of `eks_dra.config_models`;
+this module derives the environment from the checked mapping and checks what spans keys or needs the catalog.
 Every mistake raises `UserError` naming the file, the field path (`config/dev.yaml: nodeGroups[2].capacity`)
-and the fix. Plain data: this module imports only the catalog, the driver names and the error type.
+and the fix. Plain data: this module imports only the catalog, the driver names, the models and the error type.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any, Literal
 import yaml
 
 from eks_dra.catalog import INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES, InstanceType, closest_instance_types
+from eks_dra.catalog.ami_types import ami_type_for
+from eks_dra.config_models import EnvironmentFile, PipelineFile, validated
 from eks_dra.devices.names import FAMILIES, UPSTREAM_DRIVER_NAMES, DriverNames
 from eks_dra.errors import UserError
 from eks_dra.versions import DEFAULT_KUBERNETES_VERSION, validate_kubernetes_version
@@ -24,6 +28,7 @@ DeviceMode = Literal["dra", "device-plugin"]
 CapacityKind = Literal["on-demand", "odcr", "capacity-block"]
 EfaSetting = Literal["auto", "on", "off"]
 DriverImplementation = Literal["python", "upstream"]
+
 
 RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{8}([0-9a-f]{9})?$")
 ACCOUNT_ID = re.compile(r"^[0-9]{12}$")
@@ -35,7 +40,10 @@ CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 LABEL_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
-TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+IPV4_CIDR = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})/(\d{1,2})$")
+# The values CloudWatch Logs accepts for RetentionInDays.
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
+                      3288, 3653)
 
 # Label keys eks-dra sets itself; a user value could steer a DRA driver and a device plugin onto one node.
 RESERVED_LABEL_PREFIX = "eks-dra.io/"
@@ -110,6 +118,10 @@ class NodeGroupConfig:
     mig_profile: str | None = None
     # Per-family override of device_mode, e.g. {"efa": "device-plugin"} on a DRA GPU group.
     device_modes: dict[str, DeviceMode] = field(default_factory=dict)
+    # IMDSv2 hop limit of the nodes: 1 keeps pods off the node role; 2 for containers that read IMDS themselves.
+    imds_hop_limit: int = 1
+    # RAID0 the instance-store NVMe for images and scratch; None: on when the instance type has any.
+    local_storage: bool | None = None
 
     @property
     def instance(self) -> InstanceType | None:
@@ -170,6 +182,22 @@ class EnvironmentConfig:
     cluster_admin_role_arns: tuple[str, ...] = ()
     # NVIDIA ComputeDomains (IMEX) in the vendor's GPU chart; needs drivers.gpu: upstream and a p6e-gb200 group.
     compute_domains: bool = False
+    # The API server's public endpoint (always also private) and the CIDRs allowed to reach it (empty: anywhere).
+    endpoint_public: bool = True
+    endpoint_public_cidrs: tuple[str, ...] = ()
+    # Retention of the stack's CloudWatch log groups (VPC flow logs).
+    log_retention_days: int = 30
+    # Sample workloads (pods with claims) deployed with the cluster and written to dist/<env>/samples/.
+    samples: bool = True
+
+    @property
+    def access_warning(self) -> str | None:
+        """Printed at synth (not a config mistake): without an admin role nobody can run kubectl on the cluster."""
+        if self.cluster_admin_role_arns:
+            return None
+        return (f"{self.source}: clusterAdminRoleArns: no human admin role: only the CloudFormation execution role "
+                "can use kubectl on the cluster; add clusterAdminRoleArns: [arn:aws:iam::ACCOUNT:role/YOUR-ROLE] (the "
+                "role you sign in with: `aws sts get-caller-identity`)")
 
     def dra_node_groups(self, family: str) -> tuple[NodeGroupConfig, ...]:
         return tuple(g for g in self.node_groups if family in g.families and g.manager(family) == "dra")
@@ -203,15 +231,6 @@ class EnvironmentConfig:
         return tuple(taints)
 
 
-def ami_type_for(ami_family: str, architecture: str, accelerator: str | None) -> str:
-    arch = "x86_64" if architecture == "x86_64" else "ARM_64"
-    if ami_family == "bottlerocket":
-        # Neuron runs on the plain Bottlerocket variant (aws-k8s), with device ownership from the pod.
-        return f"BOTTLEROCKET_{arch}_NVIDIA" if accelerator == "gpu" else f"BOTTLEROCKET_{arch}"
-    suffix = {"gpu": "NVIDIA", "neuron": "NEURON", None: "STANDARD"}[accelerator]
-    return f"AL2023_{arch}_{suffix}"
-
-
 # --- loading ----------------------------------------------------------------------------------
 
 def load_environment(name: str, config_dir: Path = Path("config")) -> EnvironmentConfig:
@@ -224,8 +243,7 @@ def load_environment(name: str, config_dir: Path = Path("config")) -> Environmen
         known = sorted(p.stem for p in config_dir.glob("*.yaml") if p.stem != "pipeline") if config_dir.is_dir() else []
         hint = f"; known environments: {', '.join(known)}" if known else ""
         raise UserError(f"{path}: no such environment file; create it or pick another with -c env=NAME{hint}")
-    data = _read_yaml(path)
-    return _Loader(path, name).environment(data)
+    return _Loader(path, name).environment(_checked(EnvironmentFile, _read_yaml(path), path))
 
 
 def load_pipeline(config_dir: Path = Path("config")) -> PipelineConfig:
@@ -233,17 +251,40 @@ def load_pipeline(config_dir: Path = Path("config")) -> PipelineConfig:
     path = Path(config_dir) / "pipeline.yaml"
     if not path.is_file():
         raise UserError(f"{path}: no such file; create it with `environments: [dev, prod]` and a `source:` block")
-    data = _read_yaml(path)
-    return _Loader(path, "pipeline").pipeline(data, Path(config_dir))
+    return _Loader(path, "pipeline").pipeline(_checked(PipelineFile, _read_yaml(path), path), Path(config_dir))
+
+
+def _checked(model: type, data: dict, path: Path) -> dict:
+    try:
+        return validated(model, data, path)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (also on line {seen[key] + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 
 def _read_yaml(path: Path) -> dict:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise UserError(f"{path}:{where}: not valid YAML ({getattr(exc, 'problem', exc)}); fix the syntax") from None
+        problem = str(getattr(exc, "problem", exc))
+        if problem.startswith("duplicate key"):
+            raise UserError(f"{path}:{where}: {problem}: YAML would keep only the last one; remove one") from None
+        raise UserError(f"{path}:{where}: not valid YAML ({problem}); fix the syntax") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -268,50 +309,15 @@ class PipelineConfig:
 
 
 class _Fields:
-    """Takes typed fields out of one YAML mapping; leftover keys are errors with a did-you-mean."""
+    """One mapping of the file after the models checked it (`eks_dra.config_models`): keys as written, values of
+    the right type; an absent or empty key gives the default."""
 
-    def __init__(self, loader: _Loader, data: Any, path: str, allowed: tuple[str, ...]):
-        self.loader = loader
-        self.path = path
-        if not isinstance(data, dict):
-            loader.fail(path, f"must be a mapping, got {_kind(data)}")
-        self.data = dict(data)
-        self.allowed = allowed
-        for key in self.data:
-            if key not in allowed:
-                close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.5)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; allowed: {', '.join(allowed)}"
-                loader.fail(self.child(str(key)), f"unknown setting{hint}")
+    def __init__(self, data: dict | None):
+        self.data = dict(data or {})
 
-    def child(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
-        if key not in self.data or self.data[key] is None:
-            return default
-        value = self.data[key]
-        if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            self.loader.fail(self.child(key), f"must be {_article(names)}, got {_kind(value)} {value!r}")
-        return value
-
-    def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
-        value = self.get(key, str, default)
-        if value not in choices:
-            close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            self.loader.fail(self.child(key), f"{value!r} is not allowed{hint}; use one of: {', '.join(choices)}")
-        return value
-
-
-def _kind(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "a number",
-            float: "a number", type(None): "nothing"}.get(type(value), type(value).__name__)
-
-
-def _article(names: str) -> str:
-    return {"str": "a string", "int": "an integer", "bool": "true or false", "dict": "a mapping",
-            "list": "a list"}.get(names, names)
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.data.get(key)
+        return default if value is None else value
 
 
 class _Loader:
@@ -329,33 +335,30 @@ class _Loader:
     # --- top level ---
 
     def environment(self, data: dict) -> EnvironmentConfig:
-        top = _Fields(self, data, "", (
-            "account", "region", "clusterName", "kubernetesVersion", "vpc", "protected", "nodeGroups",
-            "drivers", "driverImage", "clusterAdminRoleArns", "autoMode", "karpenter", "computeDomains",
-        ))
+        top = _Fields(data)
         self._reject_dynamic_capacity(top)
-        account = top.get("account", (str, int))
+        account = top.get("account")
         if account is not None:
             account = str(account).zfill(12) if isinstance(account, int) else account
             if not ACCOUNT_ID.match(account):
                 self.fail("account", f"{account!r} is not a 12-digit AWS account id; quote it: account: \"123456789012\"")
-        region = top.get("region", str)
+        region = top.get("region")
         if region is not None and not REGION.match(region):
             self.fail("region", f"{region!r} is not an AWS region name (e.g. us-east-2)")
-        cluster_name = top.get("clusterName", str, f"eks-dra-{self.env_name}")
+        cluster_name = top.get("clusterName", f"eks-dra-{self.env_name}")
         if not CLUSTER_NAME.match(cluster_name):
             self.fail("clusterName", f"{cluster_name!r} is not a valid EKS cluster name (letters, digits, - and _)")
         version = self._kubernetes_version(top)
-        vpc = self._vpc(top.get("vpc", dict, {}), region)
-        drivers = self._drivers(top.get("drivers", dict, {}))
-        raw_groups = top.get("nodeGroups", list, None)
+        vpc = self._vpc(top.get("vpc", {}), region, account)
+        drivers = self._drivers(top.get("drivers", {}))
+        raw_groups = top.get("nodeGroups", None)
         if not raw_groups:
             self.fail("nodeGroups", "at least one node group is required (a small system group, e.g. m7i.xlarge)")
         groups = tuple(self._node_group(g, f"nodeGroups[{i}]", region, vpc) for i, g in enumerate(raw_groups))
         self._check_groups_together(groups)
-        driver_image = top.get("driverImage", str)
+        driver_image = top.get("driverImage")
         compute_domains = self._compute_domains(top, drivers, groups)
-        admins = top.get("clusterAdminRoleArns", list, [])
+        admins = top.get("clusterAdminRoleArns", [])
         for i, arn in enumerate(admins):
             if not isinstance(arn, str) or not re.match(r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/.+", arn):
                 self.fail(f"clusterAdminRoleArns[{i}]", f"{arn!r} is not an IAM role ARN (arn:aws:iam::ACCOUNT:role/NAME)")
@@ -363,18 +366,27 @@ class _Loader:
                 g.manager(f) == "dra" and drivers.implementation(f) == "python" for f in g.families) for g in groups):
             self.warn("driverImage", "the driver image eks-dra builds is linux/amd64; arm64 DRA node groups (e.g. "
                       "p6e-gb200) need driverImage set to a multi-arch image")
+        protected = top.get("protected", False)
+        public, cidrs = self._api_endpoint(top, protected)
+        retention = top.get("logRetentionDays", 365 if protected else 30)
+        if retention not in LOG_RETENTION_DAYS:
+            close = min(LOG_RETENTION_DAYS, key=lambda d: abs(d - retention))
+            self.fail("logRetentionDays", f"{retention} is not a CloudWatch Logs retention; use one of "
+                      f"{', '.join(map(str, LOG_RETENTION_DAYS))} (closest: {close})")
         if not any(g.accelerator_family is None for g in groups):
             self.warn("nodeGroups", "no system (non-accelerator) node group: CoreDNS and the drivers' controllers "
                       "will not schedule on tainted accelerator nodes; add one, e.g. m7i.xlarge")
         return EnvironmentConfig(
             name=self.env_name, source=self.path, account=account, region=region, cluster_name=cluster_name,
-            kubernetes_version=version, vpc=vpc, protected=top.get("protected", bool, False), node_groups=groups,
+            kubernetes_version=version, vpc=vpc, protected=protected, node_groups=groups,
             drivers=drivers, driver_image=driver_image, warnings=tuple(self.warnings),
-            cluster_admin_role_arns=tuple(admins), compute_domains=compute_domains,
+            cluster_admin_role_arns=tuple(admins), endpoint_public=public, endpoint_public_cidrs=cidrs,
+            log_retention_days=retention, samples=top.get("samples", not protected),
+            compute_domains=compute_domains,
         )
 
     def _compute_domains(self, top: _Fields, drivers: DriversConfig, groups: tuple[NodeGroupConfig, ...]) -> bool:
-        enabled = top.get("computeDomains", bool, False)
+        enabled = top.get("computeDomains", False)
         if enabled and drivers.gpu != "upstream":
             self.fail("computeDomains", "ComputeDomains come from the NVIDIA driver's ComputeDomain controller, "
                       "which eks-dra's GPU driver does not have: set drivers.gpu: upstream")
@@ -383,8 +395,26 @@ class _Loader:
                       "(IMEX) domain, which only GB200 UltraServers have")
         return enabled
 
+    def _api_endpoint(self, top: _Fields, protected: bool) -> tuple[bool, tuple[str, ...]]:
+        """Unprotected: public (and private) by default. Protected: private unless public CIDRs are given."""
+        api = _Fields(top.get("apiEndpoint", {}))
+        cidrs = api.get("publicAccessCidrs", [])
+        for i, cidr in enumerate(cidrs):
+            m = IPV4_CIDR.match(str(cidr))
+            if not m or any(int(x) > 255 for x in m.groups()[:4]) or int(m.group(5)) > 32:
+                self.fail(f"apiEndpoint.publicAccessCidrs[{i}]", f"{cidr!r} is not an IPv4 CIDR (e.g. 203.0.113.0/24)")
+        public = api.get("public", bool(cidrs) or not protected)
+        if cidrs and not public:
+            self.fail("apiEndpoint.publicAccessCidrs", "is set but apiEndpoint.public is false; remove the CIDRs or "
+                      "set public: true")
+        if protected and public and (not cidrs or "0.0.0.0/0" in cidrs):
+            self.fail("apiEndpoint", "a protected environment's API endpoint is private unless restricted: set "
+                      "publicAccessCidrs to your operators' networks (e.g. [203.0.113.0/24]), or remove public: true "
+                      "and reach the API from inside the VPC")
+        return public, tuple(map(str, cidrs))
+
     def _reject_dynamic_capacity(self, top: _Fields) -> None:
-        if top.get("autoMode", bool, False):
+        if top.get("autoMode", False):
             self.fail("autoMode", "EKS Auto Mode cannot be used with eks-dra's DRA drivers (Auto Mode brings its own "
                       "device stack and has no DRA on 1.34, no Neuron DRA at all); remove autoMode, node groups "
                       "are managed node groups")
@@ -393,7 +423,7 @@ class _Loader:
                       "scheduler can allocate its devices on 1.34; remove karpenter and size nodeGroups instead")
 
     def _kubernetes_version(self, top: _Fields) -> str:
-        raw = top.get("kubernetesVersion", (str, float, int), DEFAULT_KUBERNETES_VERSION)
+        raw = top.get("kubernetesVersion", DEFAULT_KUBERNETES_VERSION)
         version = str(raw)
         if isinstance(raw, float) and len(version.split(".")[1]) == 1:
             self.fail("kubernetesVersion", f"YAML read {raw!r} as a number and dropped a trailing zero; quote it, "
@@ -406,16 +436,16 @@ class _Loader:
             self.warn("kubernetesVersion", warning)
         return version
 
-    def _vpc(self, data: dict, region: str | None) -> VpcConfig:
-        f = _Fields(self, data, "vpc", ("cidr", "vpcId", "privateSubnets", "availabilityZones"))
-        vpc_id = f.get("vpcId", str)
-        cidr = f.get("cidr", str)
+    def _vpc(self, data: dict, region: str | None, account: str | None) -> VpcConfig:
+        f = _Fields(data)
+        vpc_id = f.get("vpcId")
+        cidr = f.get("cidr")
         if vpc_id and cidr:
             self.fail("vpc", "give either cidr (new VPC) or vpcId (existing VPC), not both")
         if vpc_id:
             if not VPC_ID.match(vpc_id):
                 self.fail("vpc.vpcId", f"{vpc_id!r} is not a VPC id (vpc-0123456789abcdef0)")
-            subnets = f.get("privateSubnets", dict, {})
+            subnets = f.get("privateSubnets", {})
             if not subnets:
                 self.fail("vpc.privateSubnets", "an existing VPC needs its private subnets, one per AZ "
                           "(privateSubnets: {us-east-2a: subnet-...}); eks-dra does no lookups at synth time")
@@ -433,9 +463,12 @@ class _Loader:
         if not m or any(int(p) > 255 for p in m.groups()[:4]) or not 16 <= int(m.group(5)) <= 20:
             self.fail("vpc.cidr", f"{cidr!r} must be an IPv4 CIDR between /16 and /20 (e.g. 10.0.0.0/16): EFA nodes "
                       "use many addresses")
-        azs = f.get("availabilityZones", list, [])
+        azs = f.get("availabilityZones", [])
         for i, az in enumerate(azs):
             self._check_az(f"vpc.availabilityZones[{i}]", str(az), region)
+        if not azs and account is not None and region is not None:
+            # An explicit environment would look its AZs up at synth (credentials); write down <region>a and b.
+            azs = [f"{region}a", f"{region}b"]
         return VpcConfig(cidr=cidr, availability_zones=tuple(azs))
 
     def _check_az(self, field_path: str, az: str, region: str | None) -> None:
@@ -446,14 +479,14 @@ class _Loader:
             self.fail(field_path, f"{az!r} is not an availability zone of region {region} (e.g. {region}a)")
 
     def _drivers(self, data: dict) -> DriversConfig:
-        f = _Fields(self, data, "drivers", ("gpu", "efa", "neuron", "names"))
-        impl = {fam: f.choice(fam, ("python", "upstream"), "python") for fam in FAMILIES}
-        names_data = f.get("names", dict, {})
-        nf = _Fields(self, names_data, "drivers.names", FAMILIES)
+        f = _Fields(data)
+        impl = {fam: f.get(fam, "python") for fam in FAMILIES}
+        names_data = f.get("names", {})
+        nf = _Fields(names_data)
         defaults = DriverNames()
         names = {}
         for fam in FAMILIES:
-            value = nf.get(fam, str, defaults.for_family(fam))
+            value = nf.get(fam, defaults.for_family(fam))
             if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+", value) or \
                     len(value) > 63:
                 self.fail(f"drivers.names.{fam}", f"{value!r} must be a DNS subdomain with a dot "
@@ -474,16 +507,13 @@ class _Loader:
     # --- node groups ---
 
     def _node_group(self, data: Any, p: str, region: str | None, vpc: VpcConfig) -> NodeGroupConfig:
-        f = _Fields(self, data, p, (
-            "name", "instanceType", "minSize", "desiredSize", "maxSize", "amiFamily", "amiType", "deviceMode",
-            "capacity", "efa", "availabilityZone", "labels", "taints", "migProfile",
-        ))
-        name = f.get("name", str)
+        f = _Fields(data)
+        name = f.get("name")
         if not name:
             self.fail(f"{p}.name", "every node group needs a name (lowercase letters, digits and '-')")
         if not NODE_GROUP_NAME.match(name):
             self.fail(f"{p}.name", f"{name!r} must be lowercase letters, digits and '-', at most 40 characters")
-        instance_type = f.get("instanceType", str)
+        instance_type = f.get("instanceType")
         if not instance_type:
             self.fail(f"{p}.instanceType", "required (e.g. p5.48xlarge)")
         inst = INSTANCE_TYPES.get(instance_type)
@@ -494,7 +524,7 @@ class _Loader:
             self.fail(f"{p}.instanceType", f"{instance_type!r} is not in the eks-dra instance catalog{hint}")
         accel = inst.accelerator_kind if inst else None
 
-        sizes = {k: f.get(k, int) for k in ("minSize", "desiredSize", "maxSize")}
+        sizes = {k: f.get(k) for k in ("minSize", "desiredSize", "maxSize")}
         min_size = 0 if sizes["minSize"] is None else sizes["minSize"]
         desired = min_size if sizes["desiredSize"] is None else sizes["desiredSize"]
         max_size = max(desired, 1) if sizes["maxSize"] is None else sizes["maxSize"]
@@ -502,11 +532,13 @@ class _Loader:
             self.fail(f"{p}.minSize", "must be 0 or more")
         if max_size < 1:
             self.fail(f"{p}.maxSize", "must be at least 1 (EKS managed node groups need maxSize >= 1)")
+        if min_size > max_size:
+            self.fail(f"{p}.minSize", f"{min_size} is more than maxSize ({max_size}); raise maxSize or lower minSize")
         if not min_size <= desired <= max_size:
             self.fail(f"{p}.desiredSize", f"must lie between minSize ({min_size}) and maxSize ({max_size}), "
                       f"got {desired}")
 
-        ami_family = f.choice("amiFamily", ("al2023", "bottlerocket"), "al2023")
+        ami_family = f.get("amiFamily", "al2023")
         modes = self._device_modes(f, p, inst)
         device_mode = modes.get(accel or "", "dra") if accel else modes.get("efa", "dra")
         overrides = {fam: mode for fam, mode in modes.items() if mode != device_mode}
@@ -514,26 +546,36 @@ class _Loader:
         capacity = self._capacity(f, p)
         if isinstance(f.data.get("efa"), bool):  # YAML 1.1 reads a bare on/off as a boolean
             f.data["efa"] = "on" if f.data["efa"] else "off"
-        efa = f.choice("efa", ("auto", "on", "off"), "auto")
+        efa = f.get("efa", "auto")
         if efa == "on" and (inst is None or not inst.efa_supported or inst.max_efa_interfaces == 0):
             self.fail(f"{p}.efa", f"{instance_type} has no EFA; set efa: off (or auto), or pick an EFA type "
                       "such as p5.48xlarge, g6e.48xlarge or trn2.48xlarge")
-        az = f.get("availabilityZone", str)
+        az = f.get("availabilityZone")
         if az is not None:
             self._check_az(f"{p}.availabilityZone", az, region)
             known_azs = tuple(vpc.private_subnets) if vpc.vpc_id else vpc.availability_zones
-            if known_azs and az not in known_azs:
+            if not known_azs:
+                self.fail(f"{p}.availabilityZone", f"{az} needs the VPC's AZs written down (without "
+                          "vpc.availabilityZones the new VPC spans two AZs chosen at deploy time); add "
+                          f"vpc.availabilityZones: [{az}, ...]")
+            if az not in known_azs:
                 where = "vpc.privateSubnets" if vpc.vpc_id else "vpc.availabilityZones"
                 self.fail(f"{p}.availabilityZone", f"{az} is not one of the VPC's AZs ({', '.join(known_azs)}); "
                           f"add it to {where}")
-        labels = self._labels(f.get("labels", dict, {}), f"{p}.labels")
-        taints = self._taints(f.get("taints", list, []), f"{p}.taints")
-        mig = f.get("migProfile", str)
+        labels = self._labels(f.get("labels", {}), f"{p}.labels")
+        taints = self._taints(f.get("taints", []), f"{p}.taints")
+        mig = f.get("migProfile")
+        hop_limit = f.get("imdsHopLimit", 1)
+        if hop_limit not in (1, 2):
+            self.fail(f"{p}.imdsHopLimit", f"must be 1 (pods cannot reach IMDS) or 2 (containers that read IMDS "
+                      f"themselves), got {hop_limit}")
+        local_storage = f.get("localStorage")
 
         group = NodeGroupConfig(
             name=name, instance_type=instance_type, min_size=min_size, desired_size=desired, max_size=max_size,
             ami_family=ami_family, device_mode=device_mode, capacity=capacity, efa=efa,  # type: ignore[arg-type]
             availability_zone=az, labels=labels, taints=taints, mig_profile=mig, device_modes=overrides,
+            imds_hop_limit=hop_limit, local_storage=local_storage,
         )
         self._check_ami(f, p, group)
         self._check_capacity(p, group)
@@ -543,7 +585,7 @@ class _Loader:
 
     def _device_modes(self, f: _Fields, p: str, inst: InstanceType | None) -> dict[str, DeviceMode]:
         """`deviceMode: dra` for every family, or a mapping {gpu: dra, efa: device-plugin}."""
-        raw = f.get("deviceMode", (str, dict), "dra")
+        raw = f.get("deviceMode", "dra")
         present = ([inst.accelerator_kind] if inst else []) + (["efa"] if inst and inst.efa_supported else [])
         allowed = ("dra", "device-plugin")
         if isinstance(raw, str):
@@ -570,7 +612,7 @@ class _Loader:
         return modes
 
     def _capacity(self, f: _Fields, p: str) -> CapacityConfig:
-        raw = f.get("capacity", str, "on-demand")
+        raw = f.get("capacity", "on-demand")
         kind, _, reservation = raw.partition(":")
         if kind not in ("on-demand", "odcr", "capacity-block"):
             self.fail(f"{p}.capacity", f"{raw!r} is not allowed; use on-demand, odcr:cr-... or capacity-block:cr-...")
@@ -591,7 +633,7 @@ class _Loader:
                 and inst.architecture == "arm64":
             self.fail(f"{p}.amiFamily", f"Bottlerocket NVIDIA AMIs do not support {g.instance_type} (AWS documents "
                       "only AL2023 ARM NVIDIA for it); set amiFamily: al2023")
-        explicit = f.get("amiType", str)
+        explicit = f.get("amiType")
         if explicit is not None:
             if explicit not in AMI_TYPES:
                 close = difflib.get_close_matches(explicit, AMI_TYPES, n=1, cutoff=0.5)
@@ -660,12 +702,12 @@ class _Loader:
     def _taints(self, data: list, p: str) -> tuple[Taint, ...]:
         taints = []
         for i, raw in enumerate(data):
-            tf = _Fields(self, raw, f"{p}[{i}]", ("key", "value", "effect"))
-            key = tf.get("key", str)
+            tf = _Fields(raw)
+            key = tf.get("key")
             if not key or not LABEL_NAME.match(key):
                 self.fail(f"{p}[{i}].key", "required: a label-style key (e.g. example.com/dedicated)")
-            value = str(tf.get("value", (str, int, bool), ""))
-            effect = tf.choice("effect", TAINT_EFFECTS, "NoSchedule")
+            value = str(tf.get("value", ""))
+            effect = tf.get("effect", "NoSchedule")
             taints.append(Taint(key, value, effect))
         return tuple(taints)
 
@@ -681,24 +723,30 @@ class _Loader:
     # --- pipeline ---
 
     def pipeline(self, data: dict, config_dir: Path) -> PipelineConfig:
-        top = _Fields(self, data, "", ("environments", "source", "account", "region"))
-        envs = top.get("environments", list, [])
+        top = _Fields(data)
+        envs = top.get("environments", [])
         if not envs:
             self.fail("environments", "list the environments to deploy, in order (e.g. [dev, staging, prod])")
         if len(set(map(str, envs))) != len(envs):
             self.fail("environments", "an environment is listed twice; list each once, in deployment order")
-        src = _Fields(self, top.get("source", dict, {}), "source", ("repository", "branch", "connectionArn"))
-        repo = src.get("repository", str)
+        src = _Fields(top.get("source", {}))
+        repo = src.get("repository")
         if not repo or not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
             self.fail("source.repository", "required: owner/name of the Git repository")
-        arn = src.get("connectionArn", str)
+        arn = src.get("connectionArn")
         if not arn or not arn.startswith("arn:aws"):
             self.fail("source.connectionArn", "required: the CodeConnections connection ARN (arn:aws:codeconnections:...)")
-        account = top.get("account", (str, int))
+        account = top.get("account")
         account = str(account).zfill(12) if isinstance(account, int) else account
+        environments = tuple(load_environment(str(e), config_dir) for e in envs)
+        for before, after in zip(environments, environments[1:], strict=False):
+            if before.protected and not after.protected:
+                self.fail("environments", f"{before.name} (protected) is listed before {after.name} (not protected): "
+                          "the list is the deploy order, and a change must pass the unprotected environments before "
+                          f"it reaches a protected one; move {after.name} before {before.name}")
         return PipelineConfig(
             source_file=self.path,
-            environments=tuple(load_environment(str(e), config_dir) for e in envs),
-            source=PipelineSource(repo, src.get("branch", str, "main"), arn),
-            account=account, region=top.get("region", str),
+            environments=environments,
+            source=PipelineSource(repo, src.get("branch", "main"), arn),
+            account=account, region=top.get("region"),
         )

@@ -143,7 +143,7 @@ GB200 = "  - {name: gb200, instanceType: p6e-gb200.36xlarge, capacity: 'capacity
 
 
 def test_compute_domains_need_the_vendor_gpu_driver_and_gb200(tmp_path):
-    body = "region: us-east-2\nnodeGroups:\n" + SYSTEM + GB200
+    body = "region: us-east-2\nvpc: {availabilityZones: [us-east-2a, us-east-2b]}\nnodeGroups:\n" + SYSTEM + GB200
     env = load(tmp_path, "computeDomains: true\ndrivers: {gpu: upstream}\n" + body)
     assert env.compute_domains and not load(tmp_path, body).compute_domains
     assert "computeDomains: ComputeDomains come from the NVIDIA driver's ComputeDomain controller, which eks-dra's " \
@@ -190,7 +190,7 @@ def test_bad_choice_suggests(tmp_path):
 
 def test_sizes(tmp_path):
     msg = error(tmp_path, "nodeGroups:\n  - {name: a, instanceType: g6e.xlarge, minSize: 3, maxSize: 2}\n")
-    assert "nodeGroups[0].desiredSize: must lie between minSize (3) and maxSize (2)" in msg
+    assert "nodeGroups[0].minSize: 3 is more than maxSize (2)" in msg
 
 
 def test_missing_file_lists_known_environments():

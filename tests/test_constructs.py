@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -109,7 +110,7 @@ def test_bottlerocket_settings(scratch):
     groups = _node_groups(template)
     _, trn2 = groups["trn2-br"]
     toml = trn2["UserData"]["Fn::Base64"]
-    assert "[settings.kubernetes]\ndevice-ownership-from-security-context = true" in toml
+    assert tomllib.loads(toml)["settings"]["kubernetes"]["device-ownership-from-security-context"] is True
     assert "kubelet-device-plugins" not in toml
     assert [b["DeviceName"] for b in trn2["BlockDeviceMappings"]] == ["/dev/xvda", "/dev/xvdb"]
     assert "Placement" not in trn2  # ODCR: never a placement group

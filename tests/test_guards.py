@@ -167,7 +167,7 @@ def test_construct_guards_name_the_construct_and_fix(scratch_stack):
         EfaLaunchTemplate(stack, "Pg", EfaLaunchTemplateProps(
             instance_type="p5.48xlarge", capacity_kind="odcr", reservation_id="cr-0123456789abcdef0",
             placement_group=True))
-    with pytest.raises(ValueError, match=r"efa=True needs cluster_security_group_id and vpc"):
+    with pytest.raises(ValueError, match=r"efa=True needs cluster_security_group_id and efa_security_group"):
         EfaLaunchTemplate(stack, "NoSg", EfaLaunchTemplateProps(instance_type="p5.48xlarge", efa=True))
 
     cluster = AcceleratorCluster(stack, "Cluster", AcceleratorClusterProps(vpc=vpc))

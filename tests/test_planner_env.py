@@ -195,7 +195,8 @@ def test_compute_domain_channels_are_reported_as_the_vendor_controllers(tmp_path
     config = tmp_path / "config"
     config.mkdir()
     (config / "gb.yaml").write_text(
-        "region: us-east-2\ndrivers: {gpu: upstream}\ncomputeDomains: true\nnodeGroups:\n"
+        "region: us-east-2\nvpc: {availabilityZones: [us-east-2a, us-east-2b]}\ndrivers: {gpu: upstream}\n"
+        "computeDomains: true\nnodeGroups:\n"
         "  - {name: system, instanceType: m7i.xlarge}\n"
         "  - {name: gb, instanceType: p6e-gb200.36xlarge, capacity: 'capacity-block:cr-0123456789abcdef0', "
         "availabilityZone: us-east-2a}\n")

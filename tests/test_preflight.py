@@ -44,6 +44,7 @@ def env_from(tmp_path, body: str):
 BODY = """\
     account: "123456789012"
     region: us-east-2
+    vpc: {availabilityZones: [us-east-2a, us-east-2b, us-east-2c]}
     nodeGroups:
       - {name: system, instanceType: m7i.xlarge, minSize: 2, desiredSize: 2, maxSize: 4}
       - {name: p5, instanceType: p5.48xlarge, availabilityZone: us-east-2a, maxSize: 2}
@@ -91,6 +92,7 @@ def test_offerings_from_moto(tmp_path):
 def test_offering_missing_in_the_chosen_az_fails(tmp_path):
     env = env_from(tmp_path, """\
         region: us-east-2
+        vpc: {availabilityZones: [us-east-2z]}
         nodeGroups:
           - {name: system, instanceType: m7i.xlarge, availabilityZone: us-east-2z}
     """)

@@ -38,13 +38,18 @@ def _load_app_module():
     return module
 
 
+def cdk_json_context() -> dict:
+    return json.loads((REPO / "cdk.json").read_text())["context"]
+
+
 @functools.cache
 def synth_environment(name: str) -> Synthesized:
     """Synthesize `-c env=NAME` (or `-c pipeline=true` for name 'pipeline') exactly as app.py does."""
     import aws_cdk as cdk
 
     outdir = Path(tempfile.mkdtemp(prefix=f"eks-dra-synth-{name}-"))
-    context = {"pipeline": "true"} if name == "pipeline" else {"env": name}
+    # The CLI passes cdk.json's context (the feature flags) to the app; so does this.
+    context = {**cdk_json_context(), **({"pipeline": "true"} if name == "pipeline" else {"env": name})}
     app = cdk.App(outdir=str(outdir), context=context)
     _load_app_module().build_app(app, CONFIG, manifests_dir=outdir / "dist")
     error = None
@@ -77,6 +82,11 @@ def node_groups_with_templates(name: str) -> list[tuple[dict, dict]]:
         lt_id = props["LaunchTemplate"]["Id"]["Ref"]
         out.append((props, lts[lt_id]["Properties"]["LaunchTemplateData"]))
     return out
+
+
+def _group_name(props: dict) -> str:
+    """Node groups have generated names (replaceable); the config name is the eks-dra.io/node-group label."""
+    return props["Labels"]["eks-dra.io/node-group"]
 
 
 @pytest.fixture(scope="module", params=SHIPPED)
@@ -125,7 +135,7 @@ def test_kubectl_provider_uses_v34_layer(env_name):
 
 def test_every_node_group_matches_its_config(env_name):
     env = load_environment(env_name, CONFIG)
-    by_name = {props["NodegroupName"]: (props, lt) for props, lt in node_groups_with_templates(env_name)}
+    by_name = {_group_name(props): (props, lt) for props, lt in node_groups_with_templates(env_name)}
     assert set(by_name) == {g.name for g in env.node_groups}
     for group in env.node_groups:
         props, lt = by_name[group.name]
@@ -150,7 +160,7 @@ def test_every_node_group_matches_its_config(env_name):
 
 def test_labels_and_taints_follow_the_contract():
     env = load_environment("dev", CONFIG)
-    by_name = {props["NodegroupName"]: props for props, _ in node_groups_with_templates("dev")}
+    by_name = {_group_name(props): props for props, _ in node_groups_with_templates("dev")}
     p5 = by_name["p5-dra"]
     assert p5["Labels"]["eks-dra.io/gpu"] == "dra" and p5["Labels"]["eks-dra.io/efa"] == "dra"
     assert p5["Labels"]["nvidia.com/gpu.present"] == "true"
@@ -167,7 +177,7 @@ def test_labels_and_taints_follow_the_contract():
 
 def test_efa_interfaces_follow_the_catalog(env_name):
     env = load_environment(env_name, CONFIG)
-    lts = {props["NodegroupName"]: lt for props, lt in node_groups_with_templates(env_name)}
+    lts = {_group_name(props): lt for props, lt in node_groups_with_templates(env_name)}
     for group in env.node_groups:
         lt = lts[group.name]
         if not group.efa_enabled:
@@ -190,7 +200,7 @@ def test_efa_interfaces_follow_the_catalog(env_name):
 
 def test_placement_group_only_for_plain_on_demand_efa(env_name):
     env = load_environment(env_name, CONFIG)
-    lts = {props["NodegroupName"]: lt for props, lt in node_groups_with_templates(env_name)}
+    lts = {_group_name(props): lt for props, lt in node_groups_with_templates(env_name)}
     for group in env.node_groups:
         has_pg = "Placement" in lts[group.name]
         assert has_pg == (group.efa_enabled and group.capacity.kind == "on-demand"), group.name
@@ -199,7 +209,7 @@ def test_placement_group_only_for_plain_on_demand_efa(env_name):
 
 
 def test_reservations_in_prod():
-    lts = {props["NodegroupName"]: (props, lt) for props, lt in node_groups_with_templates("prod")}
+    lts = {_group_name(props): (props, lt) for props, lt in node_groups_with_templates("prod")}
     props, lt = lts["p5-capacity-block"]
     assert props["CapacityType"] == "CAPACITY_BLOCK"
     assert lt["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
@@ -213,15 +223,17 @@ def test_reservations_in_prod():
 
 
 def test_bottlerocket_user_data_and_mig_script():
-    lts = {props["NodegroupName"]: lt for props, lt in node_groups_with_templates("dev")}
+    lts = {_group_name(props): lt for props, lt in node_groups_with_templates("dev")}
     toml = lts["g6e-bottlerocket"]["UserData"]["Fn::Base64"]
     assert "[settings.kubelet-device-plugins.nvidia]\nenabled = false" in toml
     mig = lts["p4d-mig"]["UserData"]["Fn::Base64"]
-    assert "text/x-shellscript" in mig and "nvidia-smi mig -cgi " + ",".join(["1g.5gb"] * 7) + " -C" in mig
-    # last step: the marker the GPU driver waits for before publishing MIG devices (eks_dra/drivers/gpu/mig.py)
-    script = mig.split("--EKSDRA--")[0].rstrip().splitlines()
-    assert script[-1] == "cat /proc/sys/kernel/random/boot_id > /var/lib/eks-dra/mig-partitioned"
-    assert "UserData" not in lts["p5-dra"]
+    assert "text/cloud-config" in mig and "nvidia-smi mig -cgi " + ",".join(["1g.5gb"] * 7) + " -C" in mig
+    assert "eks-dra-mig.service" in mig and "eks-dra-mig.service" not in lts["p5-dra"]["UserData"]["Fn::Base64"]
+    # last step of the unit's script: the marker the GPU driver waits for before publishing MIG devices
+    # (eks_dra/drivers/gpu/mig.py)
+    config = json.loads(mig.split("#cloud-config\n", 1)[1].split("\n--", 1)[0])
+    script = next(f["content"] for f in config["write_files"] if f["path"].endswith("/eks-dra-mig"))
+    assert script.rstrip().splitlines()[-1] == "cat /proc/sys/kernel/random/boot_id > /var/lib/eks-dra/mig-partitioned"
 
 
 def test_explicit_environment_has_no_context_lookups():
@@ -248,7 +260,8 @@ def test_pipeline_deploys_in_order_with_approval_before_protected():
                                            "Deploy")
     assert not [a for a in staging_actions if a["ActionTypeId"]["Category"] == "Approval"]
     build = json.dumps(resources(template, "AWS::CodeBuild::Project"))
-    assert "make synth ENV=$env" in build and "cdk synth -c pipeline=true" in build
+    assert "make synth ENV=staging" in build and "make synth ENV=prod" in build and "cdk synth -c pipeline=true" in build
+    assert "@latest" not in json.dumps(template), "the pipeline installs pinned tools only"
 
 
 def test_manifests_are_applied_in_chart_order():

@@ -5,7 +5,7 @@ from eks_dra.constructs import AcceleratorCluster, AcceleratorClusterProps, Acce
 
 cluster = AcceleratorCluster(stack, "Cluster", AcceleratorClusterProps(vpc=vpc))
 cluster.add_node_group("P5", AcceleratorNodeGroupProps(
-    cluster=cluster.cluster, instance_type="p5.48xlarge", ami_type="AL2023_x86_64_NVIDIA",
+    cluster=cluster.cluster, instance_type="p5.48xlarge",  # AMI type from the catalog
     subnets=cluster.private_subnets()[:1], efa=True, max_size=2,
     taints=[NodeTaint("nvidia.com/gpu")]))
 ```
@@ -14,6 +14,7 @@ cluster.add_node_group("P5", AcceleratorNodeGroupProps(
 from .accelerator_cluster import AcceleratorCluster, AcceleratorClusterProps
 from .accelerator_node_group import AcceleratorNodeGroup, AcceleratorNodeGroupProps, NodeTaint
 from .efa_launch_template import EfaInterfaceSlot, EfaLaunchTemplate, EfaLaunchTemplateProps, efa_interface_layout
+from .eks_checks import EksDraChecks
 
 __all__ = [
     "AcceleratorCluster",
@@ -23,6 +24,7 @@ __all__ = [
     "EfaInterfaceSlot",
     "EfaLaunchTemplate",
     "EfaLaunchTemplateProps",
+    "EksDraChecks",
     "NodeTaint",
     "efa_interface_layout",
 ]

@@ -6,6 +6,7 @@ node must exist before the scheduler can allocate its devices, and Auto Mode bri
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from constructs import Construct
 from eks_dra.versions import VERSIONS
 
 from .accelerator_node_group import AcceleratorNodeGroup, AcceleratorNodeGroupProps
+from .efa_launch_template import efa_security_group
 
 # efa-only network interfaces need the VPC CNI 1.18.5 or later (EKS User Guide, node-efa).
 MIN_VPC_CNI_FOR_EFA_ONLY = (1, 18, 5)
@@ -51,11 +53,13 @@ class AcceleratorClusterProps:
     logging: list[str] = field(default_factory=lambda: list(ALL_LOG_TYPES))
     """Control-plane log types sent to CloudWatch Logs."""
     public_endpoint: bool = True
-    """Also expose the API server publicly (operators run kubectl from outside the VPC)."""
+    """Also expose the API server publicly (operators run kubectl from outside the VPC). EksDraChecks reports a
+    public endpoint without public_access_cidrs (EksDra-EKS1)."""
     public_access_cidrs: list[str] = field(default_factory=list)
     """Restrict the public endpoint to these CIDRs; empty means 0.0.0.0/0."""
     removal_policy: RemovalPolicy = RemovalPolicy.DESTROY
-    """What happens to the secrets KMS key when the stack is deleted (the cluster itself is always deleted)."""
+    """What happens to the secrets KMS key when the stack is deleted (the cluster itself is always deleted);
+    RETAIN for clusters whose etcd backups or retained volumes may still need the key."""
 
 
 class AcceleratorCluster(Construct):
@@ -66,7 +70,6 @@ class AcceleratorCluster(Construct):
         self.props = props
         self._validate()
         release = VERSIONS[props.kubernetes_version]
-        layer_class = getattr(importlib.import_module(release.kubectl_layer_module), release.kubectl_layer_class)
         self.secrets_key = kms.Key(
             self, "SecretsKey", enable_key_rotation=True, removal_policy=props.removal_policy,
             description="Envelope encryption of Kubernetes secrets")
@@ -88,13 +91,18 @@ class AcceleratorCluster(Construct):
             # Core add-ons are EKS managed add-ons below, with versions we choose.
             bootstrap_self_managed_addons=False,
             kubectl_provider_options=eks.KubectlProviderOptions(
-                kubectl_layer=layer_class(self, "KubectlLayer"),
+                kubectl_layer=self._kubectl_layer(),
                 private_subnets=props.vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnets,
             ),
             secrets_encryption_key=self.secrets_key,
             cluster_logging=[_LOG_TYPES[t] for t in props.logging],
             endpoint_access=endpoint,
         )
+        # Explicit: the role that creates the cluster (the CloudFormation execution role) stays cluster admin, as
+        # break-glass access; people get access entries from admin_role_arns.
+        cfn_cluster = self.cluster.node.default_child
+        cfn_cluster.add_property_override(  # type: ignore[union-attr]
+            "AccessConfig.BootstrapClusterCreatorAdminPermissions", True)
         self.network_addons = [
             self._addon("VpcCni", "vpc-cni", self.vpc_cni_version),
             self._addon("KubeProxy", "kube-proxy", props.kube_proxy_version or release.addons.kube_proxy),
@@ -107,7 +115,22 @@ class AcceleratorCluster(Construct):
             self.cluster.grant_access(f"Admin{i}", arn, [eks.AccessPolicy.from_access_policy_name(
                 "AmazonEKSClusterAdminPolicy", access_scope_type=eks.AccessScopeType.CLUSTER)])
         self.node_groups: list[AcceleratorNodeGroup] = []
+        self._efa_security_group: ec2.SecurityGroup | None = None
         self._acknowledge_nag_findings()
+
+    @property
+    def efa_security_group(self) -> ec2.SecurityGroup:
+        """One EFA security group for the whole cluster, on every EFA interface of every node group: EFA between
+        nodes needs both interfaces' groups to allow it, so per-group groups would cut jobs that span groups."""
+        if self._efa_security_group is None:
+            self._efa_security_group = efa_security_group(self, "EfaSecurityGroup", self.props.vpc)
+        return self._efa_security_group
+
+    def _kubectl_layer(self):
+        """The kubectl the provider runs, matching the cluster's version (the one place that picks it)."""
+        release = VERSIONS[self.props.kubernetes_version]
+        layer_class = getattr(importlib.import_module(release.kubectl_layer_module), release.kubectl_layer_class)
+        return layer_class(self, "KubectlLayer")
 
     def _validate(self) -> None:
         p = self.props
@@ -165,7 +188,10 @@ class AcceleratorCluster(Construct):
 
     def add_node_group(self, construct_id: str, props: AcceleratorNodeGroupProps) -> AcceleratorNodeGroup:
         """Add a node group after the network add-ons (nodes become Ready only with the CNI installed);
-        CoreDNS waits for the first untainted group, where its pods can run."""
+        CoreDNS waits for the first untainted group, where its pods can run. EFA groups get the cluster's EFA
+        security group unless the props name one."""
+        if props.efa and props.efa_security_group is None:
+            props = dataclasses.replace(props, efa_security_group=self.efa_security_group)
         group = AcceleratorNodeGroup(self, construct_id, props)
         # The group follows the cluster's version: after CloudFormation upgraded the control plane (the group
         # depends on the cluster), the same deploy rolls the group to that version's AMI release.

@@ -94,7 +94,7 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
             if not dist.is_dir():
                 raise UserError(f"{dist} does not exist: run `make synth ENV={env_name}` first "
                                 "(it writes the environment's manifests that the plan reads)")
-            files = sorted(dist.glob("*.k8s.yaml"))
+            files = sorted(dist.glob("*.k8s.yaml")) + sorted(dist.glob("samples/*.k8s.yaml"))
             if not files:
                 raise UserError(f"{dist} holds no *.k8s.yaml manifests: run `make synth ENV={env_name}`")
     else:

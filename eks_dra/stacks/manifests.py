@@ -23,6 +23,9 @@ from eks_dra.errors import UserError
 from eks_dra.versions import DRA_DEVICE_TAINTS, DRA_EXTENDED_RESOURCE, RESOURCE_HEALTH_STATUS, VERSIONS
 
 MANIFEST_SUFFIX = ".k8s.yaml"
+# Samples are written apart, so that `kubectl apply -f dist/<env>/` installs the drivers and classes only.
+SAMPLES_DIR = "samples"
+SAMPLES_CHART = "dra-samples"
 
 
 def device_classes(env: EnvironmentConfig) -> DeviceClasses:
@@ -64,9 +67,11 @@ def _families(env: EnvironmentConfig, manager: str) -> tuple[str, ...]:
     return tuple(f for f in FAMILIES if groups(f))
 
 
-def build_k8s_app(env: EnvironmentConfig, image: str | None = None, *, outdir: Path | None = None) -> cdk8s.App:
+def build_k8s_app(env: EnvironmentConfig, image: str | None = None, *, outdir: Path | None = None,
+                  drivers: bool = True) -> cdk8s.App:
     """The environment's charts: system namespace, one driver per DRA family served by eks-dra, DeviceClasses,
-    device plugins, samples (`app.charts` lists them in this, the apply, order)."""
+    device plugins, samples when `env.samples` (`app.charts` lists them in this, the apply, order).
+    drivers=False leaves out the eks-dra driver charts (plain manifests without a real image reference)."""
     app = cdk8s.App(outdir=str(outdir) if outdir else None, output_file_extension=MANIFEST_SUFFIX,
                     yaml_output_type=cdk8s.YamlOutputType.FILE_PER_CHART)
     classes = device_classes(env)
@@ -78,7 +83,7 @@ def build_k8s_app(env: EnvironmentConfig, image: str | None = None, *, outdir: P
     readiness = tuple(labels.readiness_taint_key(env.drivers.names.for_family(f)) for f in dra_families)
 
     order: list[cdk8s.Chart] = []
-    if ours:
+    if ours and drivers:
         order.append(SystemNamespaceChart(app, "eks-dra-system"))
         for family in ours:
             order.append(DriverChart(app, f"eks-dra-driver-{family}", settings=DriverSettings(
@@ -97,21 +102,35 @@ def build_k8s_app(env: EnvironmentConfig, image: str | None = None, *, outdir: P
             families=plugin_families,
             gpu_nodes_use_efa=any(g.efa_enabled for g in env.device_plugin_node_groups("gpu")),
             region=env.region or "us-west-2", readiness_taints=readiness)))
-    order.append(SamplesChart(app, "dra-samples", groups=groups, classes=classes,
-                              compute_domains=env.compute_domains, extended_resources=extended_resources))
+    if env.samples:
+        order.append(SamplesChart(app, SAMPLES_CHART, groups=groups, classes=classes,
+                                  compute_domains=env.compute_domains, extended_resources=extended_resources))
     for before, after in zip(order, order[1:], strict=False):
         after.add_dependency(before)
     return app
 
 
-def write_manifests(env: EnvironmentConfig, out_dir: Path, image: str | None = None) -> list[Path]:
-    """Write dist/<env>/NNNN-<chart>.k8s.yaml (apply order = file order); stale manifests are removed."""
+def write_manifests(env: EnvironmentConfig, out_dir: Path, image: str | None = None, *,
+                    drivers: bool = True) -> list[Path]:
+    """Write dist/<env>/NNNN-<chart>.k8s.yaml (apply order = file order) and the samples to dist/<env>/samples/;
+    stale manifests are removed. Returns every file written."""
     out_dir = Path(out_dir)
+    samples_dir = out_dir / SAMPLES_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.glob(f"*{MANIFEST_SUFFIX}"):
+    for stale in (*out_dir.glob(f"*{MANIFEST_SUFFIX}"), *samples_dir.glob(f"*{MANIFEST_SUFFIX}")):
         stale.unlink()
-    build_k8s_app(env, image, outdir=out_dir).synth()
-    return sorted(out_dir.glob(f"*{MANIFEST_SUFFIX}"))
+    build_k8s_app(env, image, outdir=out_dir, drivers=drivers).synth()
+    for path in out_dir.glob(f"*-{SAMPLES_CHART}{MANIFEST_SUFFIX}"):
+        samples_dir.mkdir(exist_ok=True)
+        path.rename(samples_dir / path.name)
+    if samples_dir.is_dir() and not any(samples_dir.iterdir()):
+        samples_dir.rmdir()
+    return sorted(out_dir.glob(f"*{MANIFEST_SUFFIX}")) + sorted(samples_dir.glob(f"*{MANIFEST_SUFFIX}"))
+
+
+def needs_driver_image(env: EnvironmentConfig) -> bool:
+    """Whether the environment runs eks-dra's own drivers (and so needs an image reference)."""
+    return any(env.dra_node_groups(f) and env.drivers.implementation(f) == "python" for f in FAMILIES)
 
 
 def upstream_helm_charts(env: EnvironmentConfig) -> list[HelmChartSpec]:

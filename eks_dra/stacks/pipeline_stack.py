@@ -2,19 +2,32 @@
 
 Each environment marked `protected: true` waits for a manual approval. The synth step runs the same
 `make synth` a platform engineer runs (offline synth plus the allocation plan of every environment),
-then synthesizes the pipeline itself.
+then synthesizes the pipeline itself; `make synth` installs the pinned tools, and the generated self-mutation
+and asset steps install the CLI versions of package.json.
 """
 
 from __future__ import annotations
 
-from aws_cdk import Acknowledgment, DefaultStackSynthesizer, Environment, Stack, Stage, Validations, pipelines
+import json
+
+from aws_cdk import Acknowledgment, DefaultStackSynthesizer, Environment, Stack, Stage, Token, Validations, pipelines
 from aws_cdk import aws_codepipeline as codepipeline
 from constructs import Construct
 
 from eks_dra.config import EnvironmentConfig, PipelineConfig
 from eks_dra.errors import UserError
 
-from .cluster_stack import ClusterStack
+from .cluster_stack import REPO_ROOT, ClusterStack
+
+
+def pinned_tool_versions() -> dict[str, str]:
+    """The CDK CLI and cdk-assets versions of package.json: the pipeline installs these, never `@latest`."""
+    path = REPO_ROOT / "package.json"
+    if not path.is_file():
+        raise UserError(f"{path}: not found; the pipeline is synthesized from a clone of the eks-dra repository, whose "
+                        "package.json pins the CDK CLI and cdk-assets versions the pipeline installs")
+    tools = json.loads(path.read_text())["devDependencies"]
+    return {"aws-cdk": tools["aws-cdk"], "cdk-assets": tools["cdk-assets"]}
 
 
 class EnvironmentStage(Stage):
@@ -43,18 +56,21 @@ class PipelineStack(Stack):
         super().__init__(scope, construct_id, env=env, description="eks-dra release pipeline", **kwargs)
         src = pipeline_config.source
         source = pipelines.CodePipelineSource.connection(src.repository, src.branch, connection_arn=src.connection_arn)
-        env_names = " ".join(e.name for e in pipeline_config.environments)
+        tools = pinned_tool_versions()
         self.pipeline = pipelines.CodePipeline(
             self, "Pipeline",
             pipeline_name="eks-dra",
+            cli_version=tools["aws-cdk"],
+            cdk_assets_cli_version=tools["cdk-assets"],
             pipeline_type=codepipeline.PipelineType.V2,
             # Environments live in other accounts: encrypted, cross-account artifact buckets.
             cross_account_keys=True,
             enable_key_rotation=True,
             synth=pipelines.ShellStep(
                 "Synth", input=source,
+                # One command per environment: CodeBuild stops at the first that fails (a shell loop would not).
                 commands=[
-                    f"for env in {env_names}; do make synth ENV=$env; done",
+                    *(f"make synth ENV={e.name}" for e in pipeline_config.environments),
                     "npx cdk synth -c pipeline=true --no-notices --quiet",
                 ],
             ),
@@ -76,7 +92,9 @@ class PipelineStack(Stack):
         synth_id = logical(self.pipeline.synth_project.node.default_child)  # type: ignore[arg-type]
         mutate_id = logical(self.pipeline.self_mutation_project.node.default_child)  # type: ignore[arg-type]
         bucket_id = logical(self.pipeline.pipeline.artifact_bucket.node.default_child)  # type: ignore[arg-type]
-        prefix = f"arn:<AWS::Partition>:{{}}:{self.region}:{self.account}:"
+        # cdk-nag writes a literal partition when the CDK knows it (@aws-cdk/core:enablePartitionLiterals).
+        partition = "<AWS::Partition>" if Token.is_unresolved(self.partition) else self.partition
+        prefix = f"arn:{partition}:{{}}:{self.region}:{self.account}:"
         logs, reports = prefix.format("logs") + "log-group:/aws/codebuild/", prefix.format("codebuild") + "report-group/"
         artifact_access = ("CDK Pipelines grants its stage roles read/write on the pipeline's own artifact bucket and "
                            "KMS key only; the wildcard covers object keys and KMS data-key variants.")
