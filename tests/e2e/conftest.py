@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import realnode
 from controlplane import MIN_GO, ControlPlane, KubeletStandIn, ensure_binary, go_available, go_version, sa_kubeconfig
 
 E2E_DIR = Path(__file__).resolve().parent
@@ -42,6 +43,8 @@ def pytest_collection_finish(session):
             _build["binary"] = ensure_binary()
         except Exception as exc:  # reported by the fixture, in the test that needs it
             _build["error"] = exc
+        if "binary" in _build and any(Path(str(item.fspath)).name == "test_real_node.py" for item in session.items):
+            realnode.prebuild()  # the real-node tier's kubelet, containerd and images
 
 
 @pytest.fixture(scope="session")

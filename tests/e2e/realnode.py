@@ -65,6 +65,17 @@ class NodeTools:
 
 
 _tools: NodeTools | None = None
+_prebuild_error: Exception | None = None
+
+
+def prebuild() -> None:
+    """Build the tools ahead of the tests (conftest calls this after collection, outside per-test timeouts: a
+    cold build takes ~15 min on 2 cores); ensure_tools() then returns the result or raises what happened."""
+    global _prebuild_error
+    try:
+        ensure_tools()
+    except Exception as exc:  # re-raised (or turned into a skip) by the first test that needs the tools
+        _prebuild_error = exc
 
 
 def _last_line(script: Path, what: str, timeout: float) -> str:
@@ -84,6 +95,8 @@ def ensure_tools() -> NodeTools:
     global _tools
     if _tools is not None:
         return _tools
+    if _prebuild_error is not None:
+        raise _prebuild_error
     if os.geteuid() != 0:
         raise ToolsMissing("real node: needs root (containerd, runc, mount namespaces, mknod)")
     if shutil.which("unshare") is None or shutil.which("nsenter") is None:

@@ -19,5 +19,8 @@ mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /dev/pts
 ln -sf pts/ptmx /dev/ptmx
 mount -t tmpfs -o nosuid,nodev,mode=1777 shm /dev/shm
 mount -t mqueue mqueue /dev/mqueue
+# As on a real node (systemd makes / shared): the kubelet's mountPropagation HostToContainer (the drivers'
+# host-root volume) needs its host path on a shared or slave mount. Shared here stays inside this namespace.
+mount --make-rshared /
 echo "$$" > "$node/ns.ready"
 exec sleep infinity
