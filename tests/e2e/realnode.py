@@ -192,9 +192,9 @@ class RealNode:
     """One real node: mount namespace holder, containerd, kubelet, all logging under `root`."""
 
     def __init__(self, cp: ControlPlane, tools: NodeTools, name: str, index: int, labels: dict[str, str],
-                 taints: list[dict], instance_type: str) -> None:
+                 taints: list[dict], instance_type: str, mig_profile: str | None = None) -> None:
         self.cp, self.tools, self.name, self.index = cp, tools, name, index
-        self.labels, self.taints, self.instance_type = labels, taints, instance_type
+        self.labels, self.taints, self.instance_type, self.mig_profile = labels, taints, instance_type, mig_profile
         self.root = Path(f"/tmp/rn-{index}-{os.getpid()}")  # short: unix socket paths are limited
         self.bridge = f"rnbr{index}-{os.getpid() % 10000}"
         self.subnet = f"10.{200 + index}.0"
@@ -236,7 +236,8 @@ class RealNode:
         for d in ("kubelet", "cdi", "pod-logs", "containerd/root", "containerd/state", "cni/conf", "cni/ipam"):
             (self.root / d).mkdir(parents=True)
         _run([str(eks_dra), "fixture", "--instance-type", self.instance_type, "--out", str(self.host_root),
-              "--node-name", self.name], timeout=120)
+              "--node-name", self.name, *(["--mig-profile", self.mig_profile] if self.mig_profile else [])],
+             timeout=120)
         self.device_nodes = make_char_devices(self.host_root)
         for d in ("/var/lib/kubelet", "/run/cdi", "/var/log/pods", HOST_ROOT_PATH):
             Path(d).mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ may be visible).
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 
@@ -24,11 +25,12 @@ def family_of(driver: str) -> str | None:
 
 
 def own_device_node(driver: str, device: str) -> str | None:
-    """The /dev node that is the device itself: gpu-3 -> /dev/nvidia3, neuron-5 -> /dev/neuron5."""
-    family, index = family_of(driver), device.rsplit("-", 1)[-1]
-    if not index.isdigit():
+    """The /dev node that is the device itself: gpu-3 -> /dev/nvidia3, neuron-5 -> /dev/neuron5 (a MIG device's
+    own node is a capability under /dev/nvidia-caps, which the spec names; its parent GPU's node is checked)."""
+    match = re.fullmatch(r"(gpu|neuron)-(\d+)(-mig.*)?", device)
+    if not match or family_of(driver) != match.group(1):
         return None
-    return {"gpu": f"/dev/nvidia{index}", "neuron": f"/dev/neuron{index}"}.get(family or "")
+    return f"/dev/{'nvidia' if match.group(1) == 'gpu' else 'neuron'}{match.group(2)}"
 
 
 @dataclass
@@ -37,6 +39,7 @@ class Expected:
     env: dict[str, str] = field(default_factory=dict)
     mounts: list[str] = field(default_factory=list)  # container paths
     own_nodes: list[str] = field(default_factory=list)
+    env_items: list[tuple[str, str]] = field(default_factory=list)  # (variable, item of its comma list)
 
     def add_edits(self, edits: dict) -> None:
         for node in edits.get("deviceNodes") or []:
@@ -49,8 +52,22 @@ class Expected:
             self.mounts.append(mount["containerPath"])
 
 
-def expected_for(claims: list[dict], specs: dict[str, dict]) -> Expected:
-    """The container edits of a container that uses all of `claims`, from the node's CDI specs."""
+def allocated_env_item(driver: str, device: str, published: dict | None) -> tuple[str, str] | None:
+    """What the allocation alone says must be in the visible-devices variable: a GPU's (or MIG device's) UUID
+    from its ResourceSlice entry, a Neuron device's index."""
+    family = family_of(driver)
+    if family == "gpu" and published is not None:
+        uuid = ((published.get("attributes") or {}).get("uuid") or {}).get("string")
+        return ("NVIDIA_VISIBLE_DEVICES", uuid) if uuid else None
+    index = device.rsplit("-", 1)[-1]
+    if family == "neuron" and index.isdigit():
+        return "AWS_NEURON_VISIBLE_DEVICES", index
+    return None
+
+
+def expected_for(claims: list[dict], specs: dict[str, dict], published: dict[tuple[str, str, str], dict]) -> Expected:
+    """The container edits of a container that uses all of `claims`, from the node's CDI specs, plus what the
+    allocation itself demands (`published`: (driver, pool, device) -> the device in its ResourceSlice)."""
     out = Expected()
     for claim in claims:
         uid = claim["metadata"]["uid"]
@@ -69,6 +86,9 @@ def expected_for(claims: list[dict], specs: dict[str, dict]) -> Expected:
             own = own_device_node(driver, device)
             if own:
                 out.own_nodes.append(own)
+            item = allocated_env_item(driver, device, published.get((driver, result["pool"], device)))
+            if item:
+                out.env_items.append(item)
     return out
 
 
@@ -84,13 +104,17 @@ def check_script(expected: Expected) -> str:
                      f'*) bad "allocated device {own} not in the CDI spec";; esac')
     for node in nodes:
         lines.append(f"if [ -c {q(node)} ]; then ok node {q(node)}; else bad missing device node {q(node)}; fi")
-    lines.append(f"for p in {' '.join(ACCELERATOR_GLOBS)}; do [ -e \"$p\" ] || continue; "
-                 'case "$expected" in *" $p "*) ;; *) bad "unexpected device node $p";; esac; done')
-    lines.append("ok no other accelerator device nodes")
+    lines.append(f"extra=0; for p in {' '.join(ACCELERATOR_GLOBS)}; do [ -c \"$p\" ] || continue; "
+                 'case "$expected" in *" $p "*) ;; *) bad "unexpected device node $p"; extra=1;; esac; done')
+    lines.append('[ "$extra" = 0 ] && ok no other accelerator device nodes')
     for key, value in sorted(expected.env.items()):
         kv = f"{key}={value}"
         lines.append(f"if tr '\\0' '\\n' < /proc/1/environ | grep -qxF {q(kv)}; then ok env {q(kv)}; "
                      f"else bad env {q(kv)} not set, got \"$(tr '\\0' '\\n' < /proc/1/environ | grep ^{q(key)}=)\"; fi")
+    for key, item in expected.env_items:
+        lines.append(f"if tr '\\0' '\\n' < /proc/1/environ | grep ^{q(key)}= | cut -d= -f2- | tr , '\\n' | "
+                     f"grep -qxF {q(item)}; then ok allocated {q(item)} in {key}; "
+                     f"else bad allocated {q(item)} not in {key}; fi")
     for path in expected.mounts:
         lines.append(f"if grep -q ' {path} ' /proc/1/mountinfo; then ok mount {q(path)}; "
                      f"else bad mount {q(path)} missing; fi")

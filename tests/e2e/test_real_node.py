@@ -1,6 +1,6 @@
 """Issue 13: the real kubelet and containerd run our driver image, the dev manifests and the sample pods.
 
-Two real nodes (p5.48xlarge: GPU + EFA; trn2.48xlarge: Neuron + EFA) join the tier's control plane, each a
+Three real nodes (p5.48xlarge: GPU + EFA; trn2.48xlarge: Neuron + EFA; p4d.24xlarge: static MIG) join the tier's control plane, each a
 real kubelet v1.34 with its own containerd 2.4 + runc, mount namespace, CDI dir and fixture host tree of real
 character devices. The dev manifests are applied as `eks-dra synth` writes them (with the locally built
 driver image); the drivers run as the DaemonSets' pods; the samples run with the local busybox image and are
@@ -27,10 +27,11 @@ from eks_dra.drivers.cdi import spec_file_name
 
 pytestmark = pytest.mark.e2e
 
-NODES = {"rn-p5-0": "p5-dra", "rn-trn2-0": "trn2-dra"}  # node name -> node group of config/dev.yaml
+# node name -> node group of config/dev.yaml: GPU + EFA, Neuron + EFA, static MIG (1g.5gb) + EFA.
+NODES = {"rn-p5-0": "p5-dra", "rn-trn2-0": "trn2-dra", "rn-p4d-0": "p4d-mig"}
 SHIPPED_BUSYBOX = "public.ecr.aws/docker/library/busybox:1.37"
-# Samples of dev that these nodes cannot hold: MIG (no p4d node), the device-plugin pods (no device plugin).
-NOT_PLACEABLE = {"mig-1g-5gb", "device-plugin-gpu", "device-plugin-efa"}
+# Samples of dev that these nodes cannot hold: the device-plugin pods (no device plugin runs here).
+NOT_PLACEABLE = {"device-plugin-gpu", "device-plugin-efa"}
 TEST_NAMESPACE = "rn-extra"
 
 
@@ -70,7 +71,7 @@ def cluster(control_plane, tools, tmp_path_factory):
             group = groups[group_name]
             labels = {**env.node_labels(group), "node.kubernetes.io/instance-type": group.instance_type}
             taints = [{"key": t.key, "value": t.value, "effect": t.effect} for t in env.node_taints(group)]
-            node = RealNode(control_plane, tools, name, index, labels, taints, group.instance_type)
+            node = RealNode(control_plane, tools, name, index, labels, taints, group.instance_type, group.mig_profile)
             nodes.append(node)
             node.prepare(REPO / ".venv/bin/eks-dra")
             node.start()
@@ -171,15 +172,21 @@ class RealCluster:
     def check_inside(self, pod: dict) -> str:
         """Run the in-container check in the pod's (first) container; returns its output, fails on FAIL."""
         node = self.node(pod["spec"]["nodeName"])
-        expected = expected_for(self.pod_claims(pod), node.cdi_specs())
+        expected = expected_for(self.pod_claims(pod), node.cdi_specs(), self.published())
         container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
         out = node.exec(container_id, check_script(expected))
         text = out.stdout + out.stderr
         name = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        print(f"--- in-container check of {name} on {node.name}:\n{text}")  # shown with -s or on failure
         assert out.returncode == 0, f"in-container check of {name} on {node.name} failed:\n{text}"
         self.tally.pods.add(pod["metadata"]["uid"])
         self.tally.checks += passed_checks(text)
         return text
+
+    def published(self) -> dict[tuple[str, str, str], dict]:
+        """(driver, pool, device) -> the device as its ResourceSlice publishes it."""
+        return {(s["spec"]["driver"], s["spec"]["pool"]["name"], d["name"]): d
+                for s in as_dict(self.resource.list_resource_slice)["items"] for d in s["spec"].get("devices") or []}
 
     def driver_pods(self) -> list[dict]:
         return [p for p in as_dict(self.core.list_namespaced_pod, SYSTEM_NAMESPACE)["items"]
@@ -189,7 +196,7 @@ class RealCluster:
 # --- the tests, in the order of one cluster's life ------------------------------------------------
 
 def test_driver_daemonsets_run_on_the_real_nodes(cluster):
-    expected = {"rn-p5-0": {"gpu", "efa"}, "rn-trn2-0": {"neuron", "efa"}}
+    expected = {"rn-p5-0": {"gpu", "efa"}, "rn-trn2-0": {"neuron", "efa"}, "rn-p4d-0": {"gpu", "efa"}}
 
     def all_running():
         pods = cluster.driver_pods()
@@ -199,7 +206,7 @@ def test_driver_daemonsets_run_on_the_real_nodes(cluster):
         return ready >= want
 
     try:
-        wait_until(all_running, 300, interval=1, what="driver DaemonSet pods Ready on both real nodes")
+        wait_until(all_running, 300, interval=1, what="driver DaemonSet pods Ready on every real node")
     except TimeoutError as exc:
         pods = {p["metadata"]["name"]: p.get("status") for p in cluster.driver_pods()}
         raise AssertionError(f"{exc}: {json.dumps(pods)[:3000]}\n{cluster.nodes[0].log_tail('kubelet.log', 30)}") from exc
@@ -248,17 +255,18 @@ def test_a_wrong_cdi_spec_fails_the_in_container_check(cluster):
     driver = DEFAULT_DRIVER_NAMES.gpu
     path = node.cdi_dir / spec_file_name(driver, claim["metadata"]["uid"])
     good = json.loads(path.read_text())
-    # 1. A wrong env: the container starts with it, and the check against the allocation-independent
-    #    expectation (the good spec) fails inside the container.
-    expected_good = expected_for([claim], {path.name: good})
+    # 1. A wrong env: the container starts with it, and the tier's own check (which reads the spec on disk)
+    #    fails inside the container on what the allocation demands: the GPU's UUID in NVIDIA_VISIBLE_DEVICES.
     wrong = copy.deepcopy(good)
     edits = wrong["devices"][0]["containerEdits"]
-    edits["env"] = [*(edits.get("env") or []), "NVIDIA_VISIBLE_DEVICES=wrong-gpu"]
+    edits["env"] = [e for e in edits.get("env") or [] if not e.startswith("NVIDIA_VISIBLE_DEVICES=")]
+    edits["env"].append("NVIDIA_VISIBLE_DEVICES=wrong-gpu")
+    common = wrong.get("containerEdits") or {}
+    common["env"] = [e for e in common.get("env") or [] if not e.startswith("NVIDIA_VISIBLE_DEVICES=")]
     path.write_text(json.dumps(wrong))
     restarted = restart_container(cluster, node, pod)
-    out = node.exec(restarted["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1],
-                    check_script(expected_good))
-    assert out.returncode == 1 and "FAIL env NVIDIA_VISIBLE_DEVICES=" in out.stdout, out.stdout + out.stderr
+    with pytest.raises(AssertionError, match="FAIL allocated GPU-[0-9a-f-]+ not in NVIDIA_VISIBLE_DEVICES"):
+        cluster.check_inside(restarted)
     # 2. A device node that does not exist on the node: containerd refuses to create the container.
     edits["deviceNodes"] = [*(edits.get("deviceNodes") or []), {"path": "/dev/nvidia-does-not-exist"}]
     path.write_text(json.dumps(wrong))
