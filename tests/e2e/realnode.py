@@ -154,6 +154,12 @@ def make_char_devices(host_root: Path) -> list[str]:
         os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
     for name, (major, minor) in BASIC_DEVICES.items():
         os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+    # The disk under / (the kubelet's eviction manager and image GC look its device up in /dev).
+    disk = os.stat("/").st_dev
+    uevent = Path(f"/sys/dev/block/{os.major(disk)}:{os.minor(disk)}/uevent")
+    name = dict(line.split("=", 1) for line in uevent.read_text().split()).get("DEVNAME") if uevent.exists() else None
+    if name:
+        os.mknod(dev / name, 0o600 | stat.S_IFBLK, disk)
     for link, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, dev / link)
@@ -303,8 +309,11 @@ state = "{r}/containerd/state"
         return f"rn{self.index}-{os.getpid()}"
 
     def _cgroups(self) -> list[Path]:
-        """The node's cgroup root in every cgroup v1 hierarchy (the kubelet requires it to exist)."""
+        """The node's cgroup root (the kubelet requires it to exist): one directory on a cgroup v2 host, one in
+        every hierarchy on a cgroup v1 host (this project's machines)."""
         base = Path("/sys/fs/cgroup")
+        if (base / "cgroup.controllers").exists():
+            return [base / self.cgroup_root]
         return [h / self.cgroup_root for h in sorted(base.iterdir()) if h.is_dir() and h.name != "unified"]
 
     def _bridge_up(self) -> None:

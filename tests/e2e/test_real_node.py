@@ -17,7 +17,7 @@ import uuid
 import pytest
 from controlplane import wait_until
 from helpers import REPO, SAMPLES_NAMESPACE, SYSTEM_NAMESPACE, apply_objects, as_dict, load_documents
-from kubernetes import client, config
+from kubernetes import client, config, dynamic
 from kubernetes.client.rest import ApiException
 from realnode import HOST_ROOT_PATH, ApiServerRoute, RealNode, ToolsMissing, ensure_tools
 from realnode_checks import check_script, expected_for, passed_checks
@@ -82,16 +82,10 @@ def cluster(control_plane, tools, tmp_path_factory):
         for node in nodes:
             node.stop()
         route.remove()
+        # Leave the shared control plane as the other e2e modules expect it: no dev objects, nodes or slices.
+        state.remove_objects()
         for node in nodes:
-            try:
-                state.core.delete_node(node.name)
-            except ApiException:
-                pass
             node.remove()
-        try:
-            state.core.delete_namespace(TEST_NAMESPACE)
-        except ApiException:
-            pass
 
 
 class RealCluster:
@@ -120,6 +114,26 @@ class RealCluster:
 
     def apply(self, paths) -> list[dict]:
         return apply_objects(self.api, [self.localize(o) for o in load_documents(paths)])
+
+    def remove_objects(self) -> None:
+        dyn = dynamic.DynamicClient(self.api)
+        for obj in reversed(load_documents(self.manifests)):
+            meta = obj["metadata"]
+            try:
+                dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"]).delete(
+                    name=meta["name"], namespace=meta.get("namespace"))
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        for s in as_dict(self.resource.list_resource_slice)["items"]:
+            if s["spec"].get("nodeName") in NODES:
+                self.resource.delete_resource_slice(s["metadata"]["name"])
+        for name in [*NODES, TEST_NAMESPACE]:
+            try:
+                (self.core.delete_namespace if name == TEST_NAMESPACE else self.core.delete_node)(name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
 
     def node(self, name: str) -> RealNode:
         return next(n for n in self.nodes if n.name == name)

@@ -43,6 +43,7 @@ from_rootfs() {  # REF TAR ROOTFS CMD_JSON: a single-layer image of a directory
   bah config --cmd "$4" "$c"
   bah commit -q --rm "$c" "$1" >/dev/null
   bah push -q "$1" "oci-archive:$2:$1"
+  bah rmi -f "$1" >/dev/null  # the archive is the cache; buildah's vfs store would only grow
 }
 
 build_pause() {
@@ -72,6 +73,9 @@ build_base() {
   bah commit -q --rm "$c" "$1" >/dev/null
   bah push -q "$1" "oci-archive:$2:$1"
   rm -rf "$d"
+  # Keep only this base in buildah's store (the driver builds FROM it).
+  bah images --format '{{.Name}}:{{.Tag}}' | grep '/base:' | grep -vxF "$1" | xargs -r buildah --root "$store/root" \
+    --runroot "$store/run" --storage-driver vfs rmi -f >/dev/null || true
 }
 
 base_ref=""
@@ -85,6 +89,7 @@ build_driver() {
   (cd "$repo" && bah bud -q --isolation chroot --pull-never --layers=false -v "$ca:$ca:ro" \
      --build-arg "PYTHON_IMAGE=$base_ref" -t "$1" -f Dockerfile . >/dev/null)
   bah push -q "$1" "oci-archive:$2:$1"
+  bah rmi -f "$1" >/dev/null
 }
 
 rm -f "$cache/.list.$$"

@@ -13,5 +13,7 @@ done
 command -v apt-get >/dev/null || { echo "real-node setup: no apt-get here to install ${missing[*]}"; exit 3; }
 [[ $(id -u) -eq 0 ]] || { echo "real-node setup: must run as root to apt-get install ${missing[*]}"; exit 3; }
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq >/dev/null
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >/dev/null 2>&1; then
+  echo "real-node setup: apt-get install ${missing[*]} failed (no Debian mirror reachable?)"
+  exit 3
+fi
