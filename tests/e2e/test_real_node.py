@@ -113,7 +113,19 @@ class RealCluster:
         return obj
 
     def apply(self, paths) -> list[dict]:
-        return apply_objects(self.api, [self.localize(o) for o in load_documents(paths)])
+        objects = [self.localize(o) for o in load_documents(paths)]
+        for ns in (o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"):
+            self.wait_namespace_gone(ns)  # an earlier module's teardown may still be deleting it
+        return apply_objects(self.api, objects)
+
+    def wait_namespace_gone(self, name: str) -> None:
+        def absent_or_active():
+            try:
+                return as_dict(self.core.read_namespace, name)["status"].get("phase") != "Terminating"
+            except ApiException as exc:
+                return exc.status == 404
+
+        wait_until(absent_or_active, 180, interval=1, what=f"namespace {name} to finish terminating")
 
     def remove_objects(self) -> None:
         dyn = dynamic.DynamicClient(self.api)
@@ -134,6 +146,9 @@ class RealCluster:
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+        for obj in load_documents(self.manifests):
+            if obj["kind"] == "Namespace":
+                self.wait_namespace_gone(obj["metadata"]["name"])
 
     def node(self, name: str) -> RealNode:
         return next(n for n in self.nodes if n.name == name)
