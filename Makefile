@@ -13,7 +13,7 @@ export CDK_DISABLE_VERSION_CHECK := 1
 export CDK_DISABLE_CLI_TELEMETRY := true
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: deps synth deploy diff destroy schema test lint e2e bench bench-e2e gpu-check protos clean
+.PHONY: deps synth deploy diff destroy schema test lint e2e e2e-node bench bench-e2e gpu-check protos clean
 
 deps: $(PY_STAMP) $(NODE_STAMP)
 
@@ -63,6 +63,11 @@ e2e: deps
 	bash tests/e2e/build.sh 1.36
 	$(PY) -m pytest -q -p no:cacheprovider -m e2e tests/e2e
 	E2E_KUBERNETES=1.36 $(PY) -m pytest -q -p no:cacheprovider -m e2e tests/e2e
+
+# Just the real-node tier (real kubelet + containerd; as root; builds are cached in ~/.cache/eks-dra/node).
+e2e-node: deps
+	bash tests/e2e/build.sh
+	$(PY) -m pytest -q -p no:cacheprovider -s tests/e2e/test_real_node.py
 
 bench: deps
 	$(PY) bench/synth.py

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import realnode
 from controlplane import (
     MIN_GO,
     TIER_VERSION,
@@ -58,6 +59,8 @@ def pytest_collection_finish(session):
                 _build["binary-1.36"] = ensure_binary("1.36")
             except Exception as exc:
                 _build["error-1.36"] = exc
+        if "binary" in _build and any(Path(str(item.fspath)).name == "test_real_node.py" for item in session.items):
+            realnode.prebuild()  # the real-node tier's kubelet, containerd and images
 
 
 @pytest.fixture(scope="session")
