@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -175,8 +176,16 @@ class ApiServerRoute:
                      "--comment", IPTABLES_COMMENT, "-j", "DNAT", "--to-destination", f"127.0.0.1:{port}"]
 
     def add(self) -> None:
-        self.remove()
+        self.remove_stale()
         _run(["iptables", "-t", "nat", "-I", *self.rule])
+
+    @staticmethod
+    def remove_stale() -> None:
+        """Rules of a run that was killed before its teardown: they would send the Service to a dead port."""
+        listed = _run(["iptables", "-t", "nat", "-S", "PREROUTING"], check=False).stdout or ""
+        for line in listed.splitlines():
+            if IPTABLES_COMMENT in line and line.startswith("-A "):
+                _run(["iptables", "-t", "nat", "-D", *shlex.split(line[3:])], check=False)
 
     def remove(self) -> None:
         while _run(["iptables", "-t", "nat", "-D", *self.rule], check=False).returncode == 0:
@@ -245,6 +254,14 @@ class RealNode:
               "--node-name", self.name, *(["--mig-profile", self.mig_profile] if self.mig_profile else [])],
              timeout=120)
         self.device_nodes = make_char_devices(self.host_root)
+        # The GPU driver's CDI specs name host paths under its driver root (libraries, nvidia-cdi-hook) that
+        # containerd and runc open in the node's mount namespace, where the fixture is HOST_ROOT_PATH. This link
+        # lets the plugin, which sees the host at /host, find the same paths under that name.
+        link = self.host_root / HOST_ROOT_PATH.lstrip("/")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink():
+            link.unlink()
+        link.symlink_to(Path(os.path.relpath(self.host_root, link.parent)))
         for d in ("/var/lib/kubelet", "/run/cdi", "/var/log/pods", HOST_ROOT_PATH):
             Path(d).mkdir(parents=True, exist_ok=True)
         self._write_containerd_config()
@@ -317,6 +334,11 @@ state = "{r}/containerd/state"
         return [h / self.cgroup_root for h in sorted(base.iterdir()) if h.is_dir() and h.name != "unified"]
 
     def _bridge_up(self) -> None:
+        # A bridge of a killed earlier run holds this node's subnet: pods' replies would be routed there.
+        listed = _run(["ip", "-o", "link", "show", "type", "bridge"], check=False).stdout or ""
+        for name in (line.split(": ")[1].split("@")[0] for line in listed.splitlines() if ": " in line):
+            if name.startswith(f"rnbr{self.index}-") and name != self.bridge:
+                _run(["ip", "link", "del", name], check=False)
         if _run(["ip", "link", "show", self.bridge], check=False).returncode != 0:
             _run(["ip", "link", "add", self.bridge, "type", "bridge"])
             _run(["ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge])

@@ -18,6 +18,7 @@ from controlplane import KubeletStandIn, ensure_binary, wait_until
 from helpers import DevCluster, apply_objects, as_dict, load_documents, pod_running, prepared, unschedulable
 from kubernetes.client.rest import ApiException
 
+from eks_dra.devices.gpu import gpu_minor_of
 from eks_dra.drivers import fixture
 from eks_dra.drivers.device_taints import NO_EXECUTE, taint_key
 from eks_dra.stacks.manifests import device_classes
@@ -116,7 +117,8 @@ def test_unhealthy_gpu_is_tainted_in_the_slice_and_new_pods_do_not_get_it(k136):
             for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
             if r["pool"] == NODE}
     victim = next(n for n in sorted(devices) if n not in used)
-    index = devices[victim]["attributes"]["index"]["int"]
+    index = gpu_minor_of(victim)
+    victim_uuid = devices[victim]["attributes"]["uuid"]["string"]
     fixture.set_gpu_xid(node.host_root, index, 79)
     try:
         tainted = wait_until(lambda: _gpu_slice_devices(k136)[victim].get("taints"), 30,
@@ -129,7 +131,7 @@ def test_unhealthy_gpu_is_tainted_in_the_slice_and_new_pods_do_not_get_it(k136):
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": claim},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
                 "deviceClassName": device_classes(k136.env).class_name("gpu"),
-                "selectors": [{"cel": {"expression": f"device.attributes['{driver}'].index == {index}"}}]}}]}}})
+                "selectors": [{"cel": {"expression": f"device.attributes['{driver}'].uuid == '{victim_uuid}'"}}]}}]}}})
         k136.core.create_namespaced_pod(NAMESPACE, _pod(claim, claim=claim))
         message = wait_until(lambda: unschedulable(as_dict(k136.core.read_namespaced_pod, claim, NAMESPACE)), 60,
                              what=f"pod {claim} unschedulable")

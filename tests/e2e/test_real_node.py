@@ -98,14 +98,21 @@ class RealCluster:
     def localize(self, obj: dict) -> dict:
         """The two changes to the shipped objects, both because no real machine is underneath: the drivers'
         host-root volume is the node's fixture tree (HOST_ROOT_PATH in the node's mount namespace) instead of
-        "/", and the samples use the locally built busybox instead of the registry's."""
+        "/" (and so is the GPU driver root, whose libraries and nvidia-cdi-hook the specs name by their path in
+        the node's mount namespace), and the samples use the locally built busybox instead of the registry's."""
         obj = copy.deepcopy(obj)
         spec = obj.get("spec") or {}
         pod_spec = spec.get("template", {}).get("spec") if obj["kind"] in ("DaemonSet", "Job") else spec
         if obj["kind"] == "DaemonSet":
             for volume in pod_spec.get("volumes") or []:
-                if volume["name"] == "host-root":
+                if volume["name"] in ("host-root", "driver-root"):
                     volume["hostPath"]["path"] = HOST_ROOT_PATH
+            for c in pod_spec["containers"]:
+                for env in c.get("env") or []:
+                    if env["name"] == "NVIDIA_DRIVER_ROOT":
+                        env["value"] = HOST_ROOT_PATH
+                if any(env["name"] == "NVIDIA_DRIVER_ROOT" for env in c.get("env") or []):
+                    c["env"].append({"name": "NVIDIA_CDI_HOOK_PATH", "value": f"{HOST_ROOT_PATH}/usr/bin/nvidia-cdi-hook"})
         if obj["kind"] in ("Pod", "Job"):
             for c in pod_spec["containers"]:
                 if c["image"] == SHIPPED_BUSYBOX:
