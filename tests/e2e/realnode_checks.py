@@ -53,12 +53,13 @@ class Expected:
 
 
 def allocated_env_item(driver: str, device: str, published: dict | None) -> tuple[str, str] | None:
-    """What the allocation alone says must be in the visible-devices variable: a GPU's (or MIG device's) UUID
-    from its ResourceSlice entry, a Neuron device's index."""
+    """What the allocation alone says must be in the visible-devices variable: for a GPU (or MIG device) the
+    value "void", as the upstream NVIDIA DRA driver's specs set it, so that an `nvidia` runtime in legacy or
+    jit-cdi mode injects nothing a second time (the GPU itself comes from the spec's device node, checked as
+    the allocated device's own node); for a Neuron device its index."""
     family = family_of(driver)
     if family == "gpu" and published is not None:
-        uuid = ((published.get("attributes") or {}).get("uuid") or {}).get("string")
-        return ("NVIDIA_VISIBLE_DEVICES", uuid) if uuid else None
+        return "NVIDIA_VISIBLE_DEVICES", "void"
     index = device.rsplit("-", 1)[-1]
     if family == "neuron" and index.isdigit():
         return "AWS_NEURON_VISIBLE_DEVICES", index

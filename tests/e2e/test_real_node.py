@@ -292,7 +292,7 @@ def test_a_wrong_cdi_spec_fails_the_in_container_check(cluster):
     path = node.cdi_dir / spec_file_name(driver, claim["metadata"]["uid"])
     good = json.loads(path.read_text())
     # 1. A wrong env: the container starts with it, and the tier's own check (which reads the spec on disk)
-    #    fails inside the container on what the allocation demands: the GPU's UUID in NVIDIA_VISIBLE_DEVICES.
+    #    fails inside the container on what the allocation demands: NVIDIA_VISIBLE_DEVICES=void.
     wrong = copy.deepcopy(good)
     edits = wrong["devices"][0]["containerEdits"]
     edits["env"] = [e for e in edits.get("env") or [] if not e.startswith("NVIDIA_VISIBLE_DEVICES=")]
@@ -301,7 +301,7 @@ def test_a_wrong_cdi_spec_fails_the_in_container_check(cluster):
     common["env"] = [e for e in common.get("env") or [] if not e.startswith("NVIDIA_VISIBLE_DEVICES=")]
     path.write_text(json.dumps(wrong))
     restarted = restart_container(cluster, node, pod)
-    with pytest.raises(AssertionError, match="FAIL allocated GPU-[0-9a-f-]+ not in NVIDIA_VISIBLE_DEVICES"):
+    with pytest.raises(AssertionError, match="FAIL allocated void not in NVIDIA_VISIBLE_DEVICES"):
         cluster.check_inside(restarted)
     # 2. A device node that does not exist on the node: containerd refuses to create the container.
     edits["deviceNodes"] = [*(edits.get("deviceNodes") or []), {"path": "/dev/nvidia-does-not-exist"}]
