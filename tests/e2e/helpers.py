@@ -78,6 +78,23 @@ def apply_objects(api: client.ApiClient, objects: list[dict]) -> list[dict]:
     return applied
 
 
+def namespace_object(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+
+
+def delete_objects(api: client.ApiClient, objects: list[dict]) -> None:
+    """Delete the objects in reverse apply order; one already gone is fine."""
+    dyn = dynamic.DynamicClient(api)
+    for obj in reversed(objects):
+        meta = obj["metadata"]
+        try:
+            dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"]).delete(
+                name=meta["name"], namespace=meta.get("namespace"))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
 def write_dev_manifests(out_dir: Path, env=None) -> list[Path]:
     """The dev environment's synthesized manifests (what `make synth ENV=dev` writes to dist/dev), or those of
     `env` (an EnvironmentConfig)."""
@@ -300,15 +317,7 @@ class DevCluster:
         """After stop(): delete what this cluster put on the shared control plane (applied objects, Nodes and
         their slices), so that later tests of the session see no eks-dra driver's devices; and the node
         directories unless `keep_dirs` (kept for a failed test's logs)."""
-        dyn = dynamic.DynamicClient(self.api)
-        for obj in reversed(load_documents(self.manifest_paths)):
-            meta = obj["metadata"]
-            try:
-                dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"]).delete(
-                    name=meta["name"], namespace=meta.get("namespace"))
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+        delete_objects(self.api, load_documents(self.manifest_paths))
         for s in self.slices():
             self.resource.delete_resource_slice(s["metadata"]["name"])
         for name in self.nodes:

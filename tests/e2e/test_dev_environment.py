@@ -29,7 +29,9 @@ from helpers import (
     apply_objects,
     as_dict,
     constraint_violations,
+    delete_objects,
     load_documents,
+    namespace_object,
     pod_running,
     prepared,
     unschedulable,
@@ -58,20 +60,14 @@ def dev(control_plane, e2e_binary, tmp_path_factory, request):
         cluster.create_nodes()
         cluster.start_nodes()
         cluster.wait_drivers_ready()
-        cluster.core.create_namespace({"metadata": {"name": EXTRA_NAMESPACE}})
-        wait_until(lambda: cluster.core.read_namespaced_service_account("default", EXTRA_NAMESPACE), 60,
-                   what=f"default ServiceAccount in {EXTRA_NAMESPACE}")
+        apply_objects(cluster.api, [namespace_object(EXTRA_NAMESPACE)])  # waits for its default ServiceAccount
         yield cluster
     finally:
         cluster.stop()
         # Node directories (kubelet and driver logs, CDI roots, checkpoints) stay after a failure or with E2E_KEEP=1.
         keep = request.session.testsfailed > failed_before or os.environ.get("E2E_KEEP") == "1"
         cluster.remove(keep_dirs=keep)
-        try:
-            cluster.core.delete_namespace(EXTRA_NAMESPACE)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        delete_objects(cluster.api, [namespace_object(EXTRA_NAMESPACE)])
 
 
 def test_dev_manifests_are_accepted(dev):

@@ -15,8 +15,17 @@ import uuid
 
 import pytest
 from controlplane import KubeletStandIn, ensure_binary, wait_until
-from helpers import DevCluster, apply_objects, as_dict, load_documents, pod_running, prepared, unschedulable
-from kubernetes.client.rest import ApiException
+from helpers import (
+    DevCluster,
+    apply_objects,
+    as_dict,
+    delete_objects,
+    load_documents,
+    namespace_object,
+    pod_running,
+    prepared,
+    unschedulable,
+)
 
 from eks_dra.devices.gpu import gpu_minor_of
 from eks_dra.drivers import fixture
@@ -49,19 +58,13 @@ def k136(control_plane_136, e2e_binary_136, tmp_path_factory, request):
         old.kubelet = KubeletStandIn(ensure_binary("1.34"), control_plane_136.kubeconfig, OLD_NODE, root=old.root)
         cluster.start_nodes()
         cluster.wait_drivers_ready()
-        cluster.core.create_namespace({"metadata": {"name": NAMESPACE}})
-        wait_until(lambda: cluster.core.read_namespaced_service_account("default", NAMESPACE), 60,
-                   what=f"default ServiceAccount in {NAMESPACE}")
+        apply_objects(cluster.api, [namespace_object(NAMESPACE)])  # waits for its default ServiceAccount
         yield cluster
     finally:
         cluster.stop()
         keep = request.session.testsfailed > failed_before or os.environ.get("E2E_KEEP") == "1"
         cluster.remove(keep_dirs=keep)
-        try:
-            cluster.core.delete_namespace(NAMESPACE)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        delete_objects(cluster.api, [namespace_object(NAMESPACE)])
 
 
 def _pod(name: str, limits: dict | None = None, claim: str | None = None, node: str = NODE) -> dict:

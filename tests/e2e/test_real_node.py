@@ -16,8 +16,17 @@ import uuid
 
 import pytest
 from controlplane import wait_until
-from helpers import REPO, SAMPLES_NAMESPACE, SYSTEM_NAMESPACE, apply_objects, as_dict, load_documents
-from kubernetes import client, config, dynamic
+from helpers import (
+    REPO,
+    SAMPLES_NAMESPACE,
+    SYSTEM_NAMESPACE,
+    apply_objects,
+    as_dict,
+    delete_objects,
+    load_documents,
+    namespace_object,
+)
+from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from realnode import HOST_ROOT_PATH, ApiServerRoute, RealNode, ToolsMissing, ensure_tools
 from realnode_checks import check_script, expected_for, passed_checks
@@ -135,15 +144,7 @@ class RealCluster:
         wait_until(absent_or_active, 180, interval=1, what=f"namespace {name} to finish terminating")
 
     def remove_objects(self) -> None:
-        dyn = dynamic.DynamicClient(self.api)
-        for obj in reversed(load_documents(self.manifests)):
-            meta = obj["metadata"]
-            try:
-                dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"]).delete(
-                    name=meta["name"], namespace=meta.get("namespace"))
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+        delete_objects(self.api, load_documents(self.manifests))
         for s in as_dict(self.resource.list_resource_slice)["items"]:
             if s["spec"].get("nodeName") in NODES:
                 self.resource.delete_resource_slice(s["metadata"]["name"])
@@ -408,13 +409,7 @@ def test_summary_line(cluster):
 # --- helpers of this module ---------------------------------------------------------------------
 
 def ensure_namespace(cluster: RealCluster) -> str:
-    try:
-        cluster.core.create_namespace({"metadata": {"name": TEST_NAMESPACE}})
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    wait_until(lambda: cluster.core.read_namespaced_service_account("default", TEST_NAMESPACE), 60,
-               what=f"default ServiceAccount in {TEST_NAMESPACE}")
+    apply_objects(cluster.api, [namespace_object(TEST_NAMESPACE)])  # waits for its default ServiceAccount
     return TEST_NAMESPACE
 
 
