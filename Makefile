@@ -85,14 +85,14 @@ bench-e2e: deps
 # On a node with an NVIDIA GPU: NVML (from the driver root) discovery, and our CDI edits against NVIDIA's
 # pkg/nvcdi with the real NVML (tests/nvidia_ctk, Go needed). NVIDIA_DRIVER_ROOT: the driver root (default /).
 gpu-check: deps
-	$(PY) -m eks_dra.drivers.gpu_check --driver-root $(or $(NVIDIA_DRIVER_ROOT),/)
+	$(PY) -m eks_dra.drivers.gpu.gpu_check --driver-root $(or $(NVIDIA_DRIVER_ROOT),/)
 
 # The JSON Schema of config/*.yaml that editors read (the yaml-language-server line at the top of each file).
 schema: deps
 	$(PY) -m eks_dra.config_models config/schema
 
 protos: deps
-	$(PY) -m eks_dra.drivers.proto.generate
+	$(PY) -m eks_dra.drivers.framework.proto.generate
 
 clean:
 	rm -rf cdk.out dist .pytest_cache .synth-tmp

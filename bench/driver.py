@@ -228,18 +228,18 @@ def recovery(node: Node, kube: FakeKube, kubeconfig: Path, proc: DriverProcess, 
 
 # (label, module file suffix, function): cumulative time inside these per prepare; nested rows are marked
 PROFILE_ROWS = [
-    ("DeviceState.prepare (all driver work)", "drivers/state.py", "prepare"),
-    ("  API GET of the claim + JSON decode", "drivers/kube.py", "get_claim"),
-    ("    JSON decode of the claim", "drivers/kube.py", "<json.loads>"),
-    ("  claim checks + config decode (plan)", "drivers/state.py", "plan"),
-    ("    device-node presence (stat)", "drivers/state.py", "_check_device_nodes"),
-    ("  checkpoint load/verify", "drivers/checkpoint.py", "load"),
-    ("    checkpoint decode + checksum", "drivers/checkpoint.py", "decode"),
-    ("  checkpoint serialize + write", "drivers/checkpoint.py", "save"),
-    ("    checkpoint encode + checksum", "drivers/checkpoint.py", "encode"),
-    ("  settings + CDI spec (_apply)", "drivers/state.py", "_apply"),
-    ("    CDI spec write", "drivers/cdi.py", "write"),
-    ("  node lock acquire/release", "drivers/lock.py", "held"),
+    ("DeviceState.prepare (all driver work)", "drivers/framework/state.py", "prepare"),
+    ("  API GET of the claim + JSON decode", "drivers/framework/kube.py", "get_claim"),
+    ("    JSON decode of the claim", "drivers/framework/kube.py", "<json.loads>"),
+    ("  claim checks + config decode (plan)", "drivers/framework/state.py", "plan"),
+    ("    device-node presence (stat)", "drivers/framework/state.py", "_check_device_nodes"),
+    ("  checkpoint load/verify", "drivers/framework/checkpoint.py", "load"),
+    ("    checkpoint decode + checksum", "drivers/framework/checkpoint.py", "decode"),
+    ("  checkpoint serialize + write", "drivers/framework/checkpoint.py", "save"),
+    ("    checkpoint encode + checksum", "drivers/framework/checkpoint.py", "encode"),
+    ("  settings + CDI spec (_apply)", "drivers/framework/state.py", "_apply"),
+    ("    CDI spec write", "drivers/framework/cdi.py", "write"),
+    ("  node lock acquire/release", "drivers/framework/lock.py", "held"),
     ("  fsync (file + directory)", "~", "<built-in method posix.fsync>"),
     ("  logging", "logging/__init__.py", "_log"),
     ("  metrics", "prometheus_client/metrics.py", "inc"),
@@ -292,12 +292,12 @@ def profile_prepare(samples: int) -> int:
         print(f"  inside DeviceState.prepare     p50 {statistics.median(inner) * 1000:7.3f} ms")
         print(f"  gRPC (client + server + proto) p50 "
               f"{(statistics.median(outer) - statistics.median(inner)) * 1000:7.3f} ms")
-        total = sum(v[3] for k, v in stats.items() if k[0].endswith("drivers/state.py") and k[2] == "prepare")
+        total = sum(v[3] for k, v in stats.items() if k[0].endswith("drivers/framework/state.py") and k[2] == "prepare")
         for row, suffix, func in PROFILE_ROWS:
             if func == "<json.loads>":
                 cum = sum(t for k, v in stats.items() if k[2] == "loads" and k[0].endswith("json/__init__.py")
                           for (cf, _cl, cfn), (_a, _b, _c, t) in v[4].items()
-                          if cf.endswith("drivers/kube.py") and cfn == "_call")
+                          if cf.endswith("drivers/framework/kube.py") and cfn == "_call")
             else:
                 cum = sum(v[3] for k, v in stats.items() if k[2] == func and k[0].endswith(suffix))
             print(f"  {row:42s} {cum / samples * 1000:7.3f} ms/prepare  {100 * cum / total if total else 0:5.1f} %")

@@ -8,7 +8,8 @@ import pytest
 from drivers.harness import DRIVERS, Sandbox, wait_for
 
 from eks_dra.drivers import fixture
-from eks_dra.drivers.device_taints import NO_EXECUTE, NO_SCHEDULE, taint_for, taint_key
+from eks_dra.drivers.families import get_family
+from eks_dra.drivers.framework.device_taints import NO_EXECUTE, NO_SCHEDULE, taint_for, taint_key
 
 GPU, EFA = DRIVERS["gpu"], DRIVERS["efa"]
 
@@ -41,7 +42,7 @@ def published(kube, node, driver) -> dict[str, list[dict]]:
     ("neuron", "neuron3: unreadable sram_ecc_uncorrected (boom)", "unknown", NO_SCHEDULE),
 ])
 def test_each_fault_has_its_documented_effect(family, reason, value, effect):
-    taint = taint_for(DRIVERS[family], family, reason)
+    taint = taint_for(DRIVERS[family], get_family(family).taint_faults, reason)
     assert (taint.key, taint.value, taint.effect) == (taint_key(DRIVERS[family]), value, effect)
 
 

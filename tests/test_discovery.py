@@ -12,10 +12,12 @@ from eks_dra.catalog import INSTANCE_TYPES, get_instance_type
 from eks_dra.devices import FAMILIES, PCIE_ROOT, node_facts, simulate_node
 from eks_dra.devices.gpu import DEFAULT_DRIVER_VERSION, PARENT_UUID
 from eks_dra.devices.neuron import neuron_device_name
-from eks_dra.drivers import discovery
-from eks_dra.drivers import nvml as nvml_module
-from eks_dra.drivers.discovery import DiscoveryError, discover, pcie_root
+from eks_dra.drivers.families import discover
 from eks_dra.drivers.fixture import add_devices, remove_devices, unload_driver, write_fixture
+from eks_dra.drivers.framework import hosttree
+from eks_dra.drivers.framework.hosttree import DiscoveryError, pcie_root
+from eks_dra.drivers.gpu import discovery as gpu_discovery
+from eks_dra.drivers.gpu import nvml as nvml_module
 from eks_dra.drivers.gpu.host import GpuHost
 
 NODE = "ip-10-0-1-23.ec2.internal"
@@ -113,7 +115,7 @@ def test_pcie_root_follows_the_bus_symlink_through_bridges(tmp_path):
     link.parent.mkdir(parents=True)
     os.symlink(os.path.relpath(real, link.parent), link)
     assert pcie_root(tmp_path, "0000:46:00.0") == "pci0000:44"
-    f = discovery.read_pci_function(tmp_path, "0000:46:00.0")
+    f = hosttree.read_pci_function(tmp_path, "0000:46:00.0")
     assert (f.vendor, f.device, f.class_code, f.numa_node, f.root) == (0x10DE, 0x2330, 0x030200, 1, "pci0000:44")
 
 
@@ -197,7 +199,7 @@ def test_catalog_count_applies_when_pci_functions_are_missing_too(tmp_path):
 
 def test_unknown_instance_type_expects_what_the_pci_bus_has(tmp_path):
     root = write_fixture("g6.12xlarge", tmp_path / "h", node_name=NODE)
-    (root / discovery.DMI_PRODUCT_NAME).write_text("some-future.48xlarge\n")
+    (root / hosttree.DMI_PRODUCT_NAME).write_text("some-future.48xlarge\n")
     inventory = discover("gpu", root, NODE)
     assert inventory.ready and len(inventory.devices) == 4
     # An explicit instance type wins over DMI.
@@ -233,23 +235,23 @@ def test_mig_mode_without_mig_devices_is_not_ready(tmp_path):
 def test_real_node_mig_without_nvml_is_not_ready(tmp_path, monkeypatch):
     root = write_fixture("p5.48xlarge", tmp_path / "h", node_name=NODE, mig_profile="1g.10gb")
     # Make the tree look like a real node whose NVML does not load: no fixture marker, no NVML.
-    (root / discovery.FIXTURE_MIG_FILE).unlink()
-    for f in (root / discovery.FIXTURE_DIR).iterdir():
+    (root / gpu_discovery.FIXTURE_MIG_FILE).unlink()
+    for f in (root / hosttree.FIXTURE_DIR).iterdir():
         f.unlink()
-    (root / discovery.FIXTURE_DIR).rmdir()
+    (root / hosttree.FIXTURE_DIR).rmdir()
     # The real loading path: the fixture's libnvidia-ml.so.1 is a code-free ELF that dlopen() refuses.
     for name, value in (("_shared", None), ("_shared_error", ""), ("_shared_failed_at", 0.0)):
         monkeypatch.setattr(nvml_module, name, value)
     host = GpuHost.for_node(root)
     reports: list[tuple[str, str]] = []
     host.on_unavailable = lambda tool, message: reports.append((tool, message))
-    inventory = discover("gpu", root, NODE, gpu_host=host)
+    inventory = discover("gpu", root, NODE, host=host)
     assert not inventory.ready and "MIG instances but NVML is unavailable" in inventory.reason
     library = str(root / "usr/lib64/libnvidia-ml.so.1")
     assert library in inventory.reason
     assert reports == [("nvml", f"cannot load {library}: {library}: ELF load command address/offset not "
                                 "page-aligned")]
-    discover("gpu", root, NODE, gpu_host=host)
+    discover("gpu", root, NODE, host=host)
     assert len(reports) == 1  # said once
 
 
@@ -315,10 +317,10 @@ def test_malformed_nvidia_information_skips_the_gpu(tmp_path, content, message):
 
 def test_malformed_driver_version_and_mig_file(tmp_path):
     root = write_fixture("p5.48xlarge", tmp_path / "h", node_name=NODE, mig_profile="7g.80gb")
-    (root / discovery.FIXTURE_MIG_FILE).write_text("{\"gpus\": [1, 2]}")
+    (root / gpu_discovery.FIXTURE_MIG_FILE).write_text("{\"gpus\": [1, 2]}")
     inventory = discover("gpu", root, NODE)
     assert not inventory.ready and "malformed fixture MIG file" in inventory.reason
-    (root / discovery.NVIDIA_VERSION_FILE).write_text("garbage\n")
+    (root / gpu_discovery.NVIDIA_VERSION_FILE).write_text("garbage\n")
     assert "no driver version" in discover("gpu", root, NODE).reason
 
 
@@ -358,9 +360,9 @@ def test_unknown_family_is_a_programming_error(tmp_path):
 
 
 def test_parsers():
-    info = discovery.parse_nvidia_information("Model: \t\t NVIDIA H200\nGPU UUID: \t GPU-abc\nDevice Minor: \t 3\n")
+    info = gpu_discovery.parse_nvidia_information("Model: \t\t NVIDIA H200\nGPU UUID: \t GPU-abc\nDevice Minor: \t 3\n")
     assert info == {"Model": "NVIDIA H200", "GPU UUID": "GPU-abc", "Device Minor": "3"}
     legacy = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024\n"
-    assert discovery.parse_nvidia_version(legacy) == "535.183.01"
+    assert gpu_discovery.parse_nvidia_version(legacy) == "535.183.01"
     open_km = "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  580.95.05  Release Build  (x@y)  date\n"
-    assert discovery.parse_nvidia_version(open_km) == "580.95.05"
+    assert gpu_discovery.parse_nvidia_version(open_km) == "580.95.05"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from eks_dra.devices import NodeFacts
-from eks_dra.drivers.nvml import NvmlEvent, NvmlGpu, NvmlHealth, NvmlMig
+from eks_dra.drivers.gpu.nvml import NvmlEvent, NvmlGpu, NvmlHealth, NvmlMig
 
 
 @dataclass

@@ -9,10 +9,11 @@ from hypothesis import strategies as st
 
 from eks_dra.catalog import get_instance_type
 from eks_dra.devices import FAMILIES
-from eks_dra.drivers import discovery
-from eks_dra.drivers.discovery import discover
+from eks_dra.drivers.families import discover, health_monitor
 from eks_dra.drivers.fixture import write_fixture
-from eks_dra.drivers.health_sources import HealthMonitor
+from eks_dra.drivers.framework import hosttree
+from eks_dra.drivers.gpu import discovery as gpu_discovery
+from eks_dra.drivers.neuron import discovery as neuron_discovery
 
 
 def _targets(instance_type: str) -> list[str]:
@@ -20,15 +21,15 @@ def _targets(instance_type: str) -> list[str]:
     acc, efa = it.accelerators[0].pci.address, it.efa_interfaces[0].pci.address
     files = [f"sys/bus/pci/devices/{acc}/{f}" for f in ("vendor", "device", "class", "numa_node")]
     files += [f"sys/bus/pci/devices/{efa}/{f}" for f in ("vendor", "device", "class", "numa_node")]
-    files += [str(discovery.DMI_PRODUCT_NAME), "sys/class/infiniband_verbs/uverbs0/ibdev"]
+    files += [str(hosttree.DMI_PRODUCT_NAME), "sys/class/infiniband_verbs/uverbs0/ibdev"]
     ibdev = f"rdmap{int(efa.split(':')[1], 16)}s0"
     files.append(f"sys/class/infiniband/{ibdev}/ports/1/state")
     if it.gpu:
-        files += [f"proc/driver/nvidia/gpus/{acc}/information", str(discovery.NVIDIA_VERSION_FILE),
-                  str(discovery.NVIDIA_MIG_MINORS), str(discovery.FIXTURE_MIG_FILE),
-                  str(discovery.FIXTURE_XID_DIR / "gpu0")]
+        files += [f"proc/driver/nvidia/gpus/{acc}/information", str(gpu_discovery.NVIDIA_VERSION_FILE),
+                  str(gpu_discovery.NVIDIA_MIG_MINORS), str(gpu_discovery.FIXTURE_MIG_FILE),
+                  str(gpu_discovery.FIXTURE_XID_DIR / "gpu0")]
     else:
-        files += ["sys/class/neuron_device/neuron0/core_count", str(discovery.NEURON_VERSION_FILE),
+        files += ["sys/class/neuron_device/neuron0/core_count", str(neuron_discovery.NEURON_VERSION_FILE),
                   "sys/class/neuron_device/neuron0/stats/hardware/mem_ecc_uncorrected/total"]
     return files
 
@@ -37,7 +38,7 @@ def _exercise(root: Path) -> None:
     for family in FAMILIES:
         inventory = discover(family, root, "n")
         assert isinstance(inventory.ready, bool) and isinstance(inventory.reason, str)
-        health = HealthMonitor(family, root).poll()
+        health = health_monitor(family, root).poll()
         assert all(isinstance(ok, bool) for ok, _ in health.values())
 
 

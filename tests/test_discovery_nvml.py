@@ -1,4 +1,4 @@
-"""The real NVML wrapper (eks_dra.drivers.nvml.Nvml) over pynvml, and `gpu_check`.
+"""The real NVML wrapper (eks_dra.drivers.gpu.nvml.Nvml) over pynvml, and `gpu_check`.
 
 Without a GPU, pynvml's functions are replaced by a simulated two-GPU H100 node (one GPU in MIG mode), so
 that the wrapper's calls, name matching and event draining run through pynvml's real error classes and
@@ -14,10 +14,12 @@ import pynvml
 import pytest
 import yaml
 
-from eks_dra.drivers import discovery, gpu_check, nvml
 from eks_dra.drivers.fixture import write_fixture
+from eks_dra.drivers.framework import hosttree
+from eks_dra.drivers.gpu import discovery as gpu_discovery
+from eks_dra.drivers.gpu import gpu_check, nvml
 from eks_dra.drivers.gpu import mig as mig_marker
-from eks_dra.drivers.nvml import Nvml, NvmlUnavailable, normalize_bus_id
+from eks_dra.drivers.gpu.nvml import Nvml, NvmlUnavailable, normalize_bus_id
 
 H100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", pci_id=0x2330)
 # GPU-instance profiles (index -> info) as an H100 80GB reports them; "+me" shares 1g.10gb's key.
@@ -167,9 +169,9 @@ def test_wrapper_reports_gpus_and_mig_devices(simulated):
     # The plain profile wins over its media-extension twin; a GI the driver won't describe keeps its id.
     assert [(m.uuid, m.profile, m.gpu_instance_id, m.placement_start, m.memory_mib, m.multiprocessors)
             for m in gpus[1].migs] == [("MIG-m1", "3g.40gb", 2, 2, 40320, 60), ("MIG-m0", "3g.40gb", 1, 0, 40320, 60)]
-    names = [f"{p.profile}-{n}" for p, n in discovery.number_migs(discovery.nvml_migs(gpus[1]))]
+    names = [f"{p.profile}-{n}" for p, n in gpu_discovery.number_migs(gpu_discovery.nvml_migs(gpus[1]))]
     assert names == ["3g.40gb-0", "3g.40gb-1"]
-    assert [m.uuid for m, _ in discovery.number_migs(discovery.nvml_migs(gpus[1]))] == ["MIG-m0", "MIG-m1"]
+    assert [m.uuid for m, _ in gpu_discovery.number_migs(gpu_discovery.nvml_migs(gpus[1]))] == ["MIG-m0", "MIG-m1"]
 
 
 def test_wrapper_drains_events_without_blocking(simulated):
@@ -234,10 +236,10 @@ def test_normalize_bus_id():
 def _host_for_simulated_gpus(tmp_path):
     """A p5.4xlarge-like tree whose sysfs holds the simulated GPUs' PCI functions (no fixture marker)."""
     root = write_fixture("p5.48xlarge", tmp_path / "h", node_name="gpu-box")
-    (root / discovery.DMI_PRODUCT_NAME).write_text("lab-h100-box\n")
-    for f in (root / discovery.FIXTURE_DIR).iterdir():
+    (root / hosttree.DMI_PRODUCT_NAME).write_text("lab-h100-box\n")
+    for f in (root / hosttree.FIXTURE_DIR).iterdir():
         f.unlink()
-    (root / discovery.FIXTURE_DIR).rmdir()
+    (root / hosttree.FIXTURE_DIR).rmdir()
     return root
 
 
@@ -295,7 +297,7 @@ def test_discovery_modules_import_nothing_heavy():
     import subprocess
     import sys
 
-    code = ("import sys, eks_dra.drivers.gpu_check, eks_dra.drivers.fixture, eks_dra.drivers.health_sources; "
+    code = ("import sys, eks_dra.drivers.gpu.gpu_check, eks_dra.drivers.fixture, eks_dra.drivers.gpu.health, eks_dra.drivers.families; [eks_dra.drivers.families.get_family(f) for f in ('gpu', 'efa', 'neuron')]; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('aws_cdk', 'jsii', 'cdk8s', 'kubernetes', 'grpc')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

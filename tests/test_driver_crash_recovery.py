@@ -1,7 +1,7 @@
 """Issue 16: a crash during checkpoint recovery loses nothing, and a rebuilt record answers exactly as before.
 
 One test per hole the issue found (each fails on the code before the fix): a rebuilt record's answer, a crash
-between any two steps of the recovery (test-only crash points, eks_dra/drivers/crashpoints.py), stale
+between any two steps of the recovery (test-only crash points, eks_dra/drivers/framework/crashpoints.py), stale
 temporaries, a claim released by the kubelet but still reserved, and the reconciler's first pass.
 """
 
@@ -14,7 +14,7 @@ from drivers.harness import Sandbox, connect, kubelet_for, make_claim, wait_for
 
 from eks_dra.devices.names import DEFAULT_DRIVER_NAMES
 from eks_dra.devices.names import GPU_CONFIG_API_VERSION as GPU_API_VERSION
-from eks_dra.drivers.driver import read_boot_id
+from eks_dra.drivers.framework.driver import read_boot_id
 
 GPU = DEFAULT_DRIVER_NAMES.gpu
 RECOVERY_POINTS = ("recovery.preserved", "recovery.replaced", "recovery.completed", "recovery.reserved",

@@ -13,7 +13,7 @@ from drivers.harness import Sandbox, kubelet_for, make_claim, short_tmp
 from drivers.kubelet import Kubelet
 
 from eks_dra.devices.names import DEFAULT_DRIVER_NAMES
-from eks_dra.drivers.checkpoint import (
+from eks_dra.drivers.framework.checkpoint import (
     KIND,
     PREPARE_COMPLETED,
     Checkpoint,
@@ -23,7 +23,7 @@ from eks_dra.drivers.checkpoint import (
     decode,
     encode,
 )
-from eks_dra.drivers.plugin import PluginServers
+from eks_dra.drivers.framework.plugin import PluginServers
 
 GPU = DEFAULT_DRIVER_NAMES.gpu
 

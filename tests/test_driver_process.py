@@ -19,8 +19,8 @@ import pytest
 from drivers.harness import DRIVERS, REPO, Sandbox, connect, make_claim, wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from eks_dra.drivers.checkpoint import CheckpointStore
-from eks_dra.drivers.readiness import taint_key
+from eks_dra.drivers.framework.checkpoint import CheckpointStore
+from eks_dra.drivers.framework.readiness import taint_key
 
 GPU = DRIVERS["gpu"]
 

@@ -10,8 +10,8 @@ import pytest
 from drivers.harness import DRIVERS, Sandbox, kubelet_for, make_claim, wait_for
 from drivers.kubelet import Kubelet
 
-from eks_dra.drivers import cdi
-from eks_dra.drivers.proto import dra_v1beta1_pb2, dra_v1beta1_pb2_grpc, generate
+from eks_dra.drivers.framework import cdi
+from eks_dra.drivers.framework.proto import dra_v1beta1_pb2, dra_v1beta1_pb2_grpc, generate
 
 GPU = DRIVERS["gpu"]
 

@@ -8,7 +8,7 @@ import pytest
 from drivers.harness import DRIVERS, Sandbox, kubelet_for, make_claim, wait_for
 
 from eks_dra.drivers import fixture
-from eks_dra.drivers.checkpoint import (
+from eks_dra.drivers.framework.checkpoint import (
     CURRENT_VERSION,
     Checkpoint,
     CheckpointCorrupt,
@@ -17,7 +17,7 @@ from eks_dra.drivers.checkpoint import (
     decode,
     encode,
 )
-from eks_dra.drivers.driver import FatalError
+from eks_dra.drivers.framework.driver import FatalError
 
 GPU, EFA = DRIVERS["gpu"], DRIVERS["efa"]
 

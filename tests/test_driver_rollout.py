@@ -12,7 +12,7 @@ from drivers.fake_kube import FakeKube
 from drivers.harness import DRIVERS, Sandbox, connect, make_claim, wait_for
 from drivers.kubelet import Kubelet
 
-from eks_dra.drivers.checkpoint import CheckpointStore
+from eks_dra.drivers.framework.checkpoint import CheckpointStore
 
 EFA = DRIVERS["efa"]
 OLD, NEW = "aaaaaaaa-1111-4000-8000-000000000001", "bbbbbbbb-2222-4000-8000-000000000002"

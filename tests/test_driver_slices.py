@@ -13,10 +13,10 @@ from drivers.harness import DRIVERS, Sandbox, make_claim, short_tmp, wait_for
 from eks_dra.devices import Device
 from eks_dra.devices.neuron import neuron_device_name
 from eks_dra.drivers import fixture
-from eks_dra.drivers.kube import KubeApi, api_client
-from eks_dra.drivers.metrics import DriverMetrics
-from eks_dra.drivers.publisher import SlicePublisher
-from eks_dra.drivers.readiness import taint_key
+from eks_dra.drivers.framework.kube import KubeApi, api_client
+from eks_dra.drivers.framework.metrics import DriverMetrics
+from eks_dra.drivers.framework.publisher import SlicePublisher
+from eks_dra.drivers.framework.readiness import taint_key
 
 GPU, EFA, NEURON = DRIVERS["gpu"], DRIVERS["efa"], DRIVERS["neuron"]
 NOT_READY = {"key": taint_key(GPU), "value": "true", "effect": "NoSchedule"}
@@ -163,7 +163,7 @@ def test_unhealthy_devices_withdrawn_and_restored(cluster):
     # a claim on the withdrawn GPU is refused with the reason
     claim = kube.put_claim(make_claim(GPU, "node-a", ["gpu-2"]))
     ref = [(claim["metadata"]["namespace"], claim["metadata"]["uid"], claim["metadata"]["name"])]
-    from eks_dra.drivers.state import ClaimRef
+    from eks_dra.drivers.framework.state import ClaimRef
 
     out = gpu.state.prepare([ClaimRef(*ref[0])])
     assert "unhealthy" in out[claim["metadata"]["uid"]][1]
@@ -256,8 +256,8 @@ def test_device_driver_unloaded_retaints_then_recovers(cluster):
 def test_dra_health_stream_reports_every_device(cluster):
     import grpc
 
-    from eks_dra.drivers.proto import dra_health_v1alpha1_pb2 as pb
-    from eks_dra.drivers.proto import dra_health_v1alpha1_pb2_grpc as pb_grpc
+    from eks_dra.drivers.framework.proto import dra_health_v1alpha1_pb2 as pb
+    from eks_dra.drivers.framework.proto import dra_health_v1alpha1_pb2_grpc as pb_grpc
 
     kube, make_node, start = cluster
     n = make_node()

@@ -13,7 +13,8 @@ from drivers.fake_kube import FakeKube
 from drivers.harness import DRIVERS, Node, kubelet_for, make_claim, short_tmp, start_driver
 
 from eks_dra.devices.neuron import neuron_device_name
-from eks_dra.drivers import configs
+from eks_dra.drivers.families import get_family
+from eks_dra.drivers.framework import configs
 from eks_dra.drivers.gpu.fixture_root import FIXTURE_SMI_LOG
 
 GPU, EFA, NEURON = DRIVERS["gpu"], DRIVERS["efa"], DRIVERS["neuron"]
@@ -343,29 +344,29 @@ def test_hundred_concurrent_prepares_no_deadlock(p5):
 def test_configs_unit_later_wins_and_subrequests():
     params = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
               "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
-    out = configs.settings_per_request("gpu", GPU, [
+    out = configs.settings_per_request(get_family("gpu"), GPU, [
         {"source": "FromClaim", "requests": ["r"], "opaque": {"driver": GPU, "parameters": params}},
         {"source": "FromClass", "requests": [], "opaque": {"driver": GPU, "parameters": {**params, "sharing": {
             "strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}}}},
         {"source": "FromClaim", "requests": [], "opaque": {"driver": "other.io", "parameters": {"junk": 1}}},
     ], ["r/fast", "s"])
-    assert out["r/fast"].time_slice_interval == "Long"
-    assert out["s"].time_slice_interval == "Short"
+    assert out["r/fast"].get("timeSliceInterval") == "Long"
+    assert out["s"].get("timeSliceInterval") == "Short"
 
 
 def test_time_slicing_commands_on_a_node_with_nvidia_smi():
     """The real path, with the command runner recorded instead of executed (no GPU here)."""
     from eks_dra.devices import Device
-    from eks_dra.drivers.configs import DeviceSettings
-    from eks_dra.drivers.device_setup import DeviceSetup
+    from eks_dra.drivers.framework.configs import DeviceSettings
+    from eks_dra.drivers.gpu.setup import GpuSetup
 
     commands: list[list[str]] = []
-    setup = DeviceSetup("gpu", runner=commands.append)
+    setup = GpuSetup(runner=commands.append)
     gpu = Device("gpu-0", {"uuid": "GPU-aaa"})
     mig = Device("gpu-1-mig-1g-10gb-0", {"uuid": "MIG-bbb", "parentUUID": "GPU-ccc"})
-    long, default = DeviceSettings(time_slice_interval="Long"), DeviceSettings()
+    long, default = DeviceSettings.of(timeSliceInterval="Long"), DeviceSettings()
     assert setup.changes_hardware([long]) and not setup.changes_hardware([default])
-    env, applied = setup.apply([(gpu, long), (mig, DeviceSettings(time_slice_interval="Short"))])
+    env, applied = setup.apply([(gpu, long), (mig, DeviceSettings.of(timeSliceInterval="Short"))])
     assert commands == [["nvidia-smi", "compute-policy", "--set-timeslice=3", "-i", "GPU-aaa"],
                         ["nvidia-smi", "compute-policy", "--set-timeslice=1", "-i", "GPU-ccc"]]  # MIG: its parent
     assert applied["mode"] == "nvidia-smi" and env == {}

@@ -10,8 +10,7 @@ import pytest
 
 from eks_dra.catalog import get_instance_type
 from eks_dra.cli import main
-from eks_dra.drivers import discovery
-from eks_dra.drivers.discovery import discover
+from eks_dra.drivers.families import discover
 from eks_dra.drivers.fixture import (
     add_devices,
     set_boot_id,
@@ -21,6 +20,8 @@ from eks_dra.drivers.fixture import (
     unload_driver,
     write_fixture,
 )
+from eks_dra.drivers.framework import hosttree
+from eks_dra.drivers.gpu import discovery as gpu_discovery
 from eks_dra.errors import UserError
 
 
@@ -28,9 +29,9 @@ def test_cli_writes_a_tree(tmp_path, capsys):
     out = tmp_path / "p5"
     assert main(["fixture", "--instance-type", "p5.48xlarge", "--out", str(out), "--node-name", "n-1"]) == 0
     assert "8 GPU, 32 EFA" in capsys.readouterr().out
-    host = json.loads((out / discovery.FIXTURE_DIR / "host.json").read_text())
+    host = json.loads((out / hosttree.FIXTURE_DIR / "host.json").read_text())
     assert host == {"instanceType": "p5.48xlarge", "nodeName": "n-1", "migProfile": None, "os": "al2023"}
-    assert (out / discovery.DMI_PRODUCT_NAME).read_text().strip() == "p5.48xlarge"
+    assert (out / hosttree.DMI_PRODUCT_NAME).read_text().strip() == "p5.48xlarge"
     assert discover("gpu", out, "n-1").ready
 
 
@@ -102,9 +103,9 @@ def test_neuron_layout(tmp_path):
 
 def test_mig_files(tmp_path):
     root = write_fixture("p5e.48xlarge", tmp_path / "h", mig_profile="3g.71gb")
-    mig = json.loads((root / discovery.FIXTURE_MIG_FILE).read_text())
+    mig = json.loads((root / gpu_discovery.FIXTURE_MIG_FILE).read_text())
     assert len(mig["gpus"]) == 8 and all(len(v) == 2 for v in mig["gpus"].values())
-    minors = (root / discovery.NVIDIA_MIG_MINORS).read_text().splitlines()
+    minors = (root / gpu_discovery.NVIDIA_MIG_MINORS).read_text().splitlines()
     assert minors[:2] == ["config 1", "monitor 2"] and len(minors) == 2 + 8 * 2 * 2
     assert (root / "proc/driver/nvidia/capabilities/gpu7/mig/gi2/ci0/access").is_file()
 
@@ -145,9 +146,9 @@ def test_fault_helpers_name_a_missing_device(tmp_path, helper):
 def test_gpu_xid_helper_writes_and_clears_the_fixture_file(tmp_path):
     root = write_fixture("g5.xlarge", tmp_path / "h")
     set_gpu_xid(root, 0, 79)
-    assert (root / discovery.FIXTURE_XID_DIR / "gpu0").read_text() == "79\n"
+    assert (root / gpu_discovery.FIXTURE_XID_DIR / "gpu0").read_text() == "79\n"
     set_gpu_xid(root, 0, None)
-    assert not (root / discovery.FIXTURE_XID_DIR / "gpu0").exists()
+    assert not (root / gpu_discovery.FIXTURE_XID_DIR / "gpu0").exists()
 
 
 def test_helpers_refuse_a_tree_that_is_not_a_fixture(tmp_path):

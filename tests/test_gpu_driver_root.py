@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from eks_dra.devices.gpu import DEFAULT_DRIVER_VERSION as V
-from eks_dra.drivers import discovery
-from eks_dra.drivers.discovery import discover
+from eks_dra.drivers.families import discover
 from eks_dra.drivers.fixture import set_boot_id, write_fixture
+from eks_dra.drivers.framework import hosttree
 from eks_dra.drivers.gpu import elf, ldcache
 from eks_dra.drivers.gpu import mig as mig_marker
 from eks_dra.drivers.gpu.driver_root import DriverRoot, DriverRootError, resolve_in_root
@@ -158,7 +158,7 @@ def test_missing_hook_or_driver_libraries_keep_the_gpu_inventory_not_ready(tmp_p
     inventory = discover("gpu", root, NODE)
     assert not inventory.ready and "no executable nvidia-cdi-hook at /usr/bin/nvidia-cdi-hook" in inventory.reason
     assert inventory.common_edits == {} and all(d.hooks == [] for d in inventory.devices)
-    explicit = discover("gpu", root, NODE, gpu_host=GpuHost.for_node(root, hook_path="/opt/hook/nvidia-cdi-hook"))
+    explicit = discover("gpu", root, NODE, host=GpuHost.for_node(root, hook_path="/opt/hook/nvidia-cdi-hook"))
     assert "no executable nvidia-cdi-hook at /opt/hook/nvidia-cdi-hook" in explicit.reason
     root2 = write_fixture("p5.48xlarge", tmp_path / "h2", node_name=NODE)
     for lib in (root2 / "usr/lib64").glob("libcuda.so*"):
@@ -191,12 +191,12 @@ def test_driver_root_flags(tmp_path):
     args = build_parser().parse_args(["gpu", "--node-name", "n", "--host-root", str(tmp_path),
                                       "--driver-root", "/run/nvidia/driver", "--nvidia-cdi-hook-path", "/opt/h"])
     cfg = config_from_args(args)
-    assert cfg.gpu_host.driver_root.path == tmp_path / "run/nvidia/driver"
-    assert cfg.gpu_host.driver_root.host_path == "/run/nvidia/driver" and cfg.gpu_host.hook_path == "/opt/h"
+    assert cfg.family_host.driver_root.path == tmp_path / "run/nvidia/driver"
+    assert cfg.family_host.driver_root.host_path == "/run/nvidia/driver" and cfg.family_host.hook_path == "/opt/h"
     args = build_parser().parse_args(["gpu", "--node-name", "n", "--driver-root", "run/nvidia"])
     with pytest.raises(BadArguments, match="--driver-root 'run/nvidia' must be an absolute host path"):
         config_from_args(args)
-    assert config_from_args(build_parser().parse_args(["efa", "--node-name", "n"])).gpu_host is None
+    assert config_from_args(build_parser().parse_args(["efa", "--node-name", "n"])).family_host is None
 
 
 def test_fixture_os_layout_is_checked(tmp_path):
@@ -204,7 +204,7 @@ def test_fixture_os_layout_is_checked(tmp_path):
 
     with pytest.raises(UserError, match="--os: unknown layout 'ubuntu'"):
         write_fixture("p5.48xlarge", tmp_path / "h", os_layout="ubuntu")
-    assert (write_fixture("p5.48xlarge", tmp_path / "b", os_layout="bottlerocket") / discovery.FIXTURE_DIR).is_dir()
+    assert (write_fixture("p5.48xlarge", tmp_path / "b", os_layout="bottlerocket") / hosttree.FIXTURE_DIR).is_dir()
 
 
 def test_common_edits_are_cached_until_the_ld_cache_changes(tmp_path):

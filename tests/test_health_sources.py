@@ -7,10 +7,12 @@ from test_discovery_fakes import FakeNvml
 
 from eks_dra.devices import node_facts
 from eks_dra.devices.neuron import neuron_device_name
-from eks_dra.drivers.discovery import discover
+from eks_dra.drivers.efa.health import efa_port_health
+from eks_dra.drivers.families import discover, health_monitor
 from eks_dra.drivers.fixture import set_efa_port_state, set_gpu_xid, set_neuron_error, write_fixture
-from eks_dra.drivers.health_sources import HealthMonitor, efa_port_health, neuron_health
-from eks_dra.drivers.nvml import NvmlEvent, NvmlHealth
+from eks_dra.drivers.gpu.health import GpuHealthMonitor
+from eks_dra.drivers.gpu.nvml import NvmlEvent, NvmlHealth
+from eks_dra.drivers.neuron.health import neuron_health
 
 NODE = "node-h"
 
@@ -29,7 +31,7 @@ class Clock:
 
 def test_efa_port_down_is_unhealthy_and_recovers(tmp_path):
     root = write_fixture("p5.48xlarge", tmp_path / "h", node_name=NODE)
-    monitor = HealthMonitor("efa", root)
+    monitor = health_monitor("efa", root)
     assert _unhealthy(monitor.poll()) == {}
     inventory = discover("efa", root, NODE)
     victim = inventory.devices[5]
@@ -53,7 +55,7 @@ def test_efa_port_state_missing_is_unhealthy(tmp_path):
 
 def test_neuron_error_counter_is_unhealthy_until_cleared(tmp_path):
     root = write_fixture("trn2.48xlarge", tmp_path / "h", node_name=NODE)
-    monitor = HealthMonitor("neuron", root)
+    monitor = health_monitor("neuron", root)
     assert _unhealthy(monitor.poll()) == {}
     set_neuron_error(root, 9, 3)
     bad = _unhealthy(monitor.poll())
@@ -78,7 +80,7 @@ def test_neuron_sram_counter_as_plain_file_and_vanished_device(tmp_path):
 
 def test_fixture_xid_marks_gpu_and_its_mig_children(tmp_path):
     root = write_fixture("p5.48xlarge", tmp_path / "h", node_name=NODE, mig_profile="2g.20gb")
-    monitor = HealthMonitor("gpu", root)
+    monitor = health_monitor("gpu", root)
     assert _unhealthy(monitor.poll()) == {}
     set_gpu_xid(root, 6, 79)
     bad = _unhealthy(monitor.poll())
@@ -96,7 +98,7 @@ def _nvml_monitor(tmp_path, profile=None):
     root = write_fixture("p5.48xlarge", tmp_path / "h", node_name=NODE, mig_profile=profile)
     nvml = FakeNvml.from_facts(node_facts("p5.48xlarge", NODE, mig_profile=profile))
     clock = Clock()
-    return root, nvml, clock, HealthMonitor("gpu", root, nvml, xid_hold_s=60, clock=clock)
+    return root, nvml, clock, GpuHealthMonitor(root, nvml, xid_hold_s=60, clock=clock)
 
 
 def test_nvml_xid_event_withdraws_the_gpu_for_the_hold_time(tmp_path):
@@ -156,7 +158,7 @@ def test_nvml_level_signals(tmp_path, health, words):
 
 def test_monitor_takes_topology_from_the_drivers_inventory(tmp_path):
     root = write_fixture("g6e.48xlarge", tmp_path / "h", node_name=NODE)
-    monitor = HealthMonitor("gpu", root)
+    monitor = health_monitor("gpu", root)
     inventory = discover("gpu", root, NODE)
     inventory.devices = inventory.devices[:2]
     monitor.refresh(inventory)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from eks_dra.devices import simulate_node
-from eks_dra.drivers.discovery import discover
+from eks_dra.drivers.families import discover
 from eks_dra.drivers.fixture import write_fixture
 
 TABLES = Path(__file__).parent / "data" / "connected-device-maps"

@@ -13,7 +13,8 @@ from drivers.harness import DRIVERS, Node, kubelet_for, make_claim, short_tmp, s
 from eks_dra.devices import names
 from eks_dra.devices.classes import DeviceClasses
 from eks_dra.devices.neuron import neuron_device_name
-from eks_dra.drivers import configs
+from eks_dra.drivers.families import get_family
+from eks_dra.drivers.framework import configs
 from eks_dra.planner.cel_env import CelEnvironment
 from eks_dra.planner.claims import load_manifests
 from eks_dra.planner.plan import Planner
@@ -100,17 +101,17 @@ def test_mig_device_config_applies_to_mig_devices_only():
     gpu = names.DEFAULT_DRIVER_NAMES.gpu
     ts = {**MIG_CONFIG, "sharing": {"strategy": "TimeSlicing"}}
     entry = {"source": "FromClaim", "requests": ["mig"], "opaque": {"driver": gpu, "parameters": ts}}
-    assert configs.settings_per_request("gpu", gpu, [entry], ["mig"], {"mig": {"mig"}})["mig"] == configs.DeviceSettings()
+    assert configs.settings_per_request(get_family("gpu"), gpu, [entry], ["mig"], {"mig": {"mig"}})["mig"] == configs.DeviceSettings()
     with pytest.raises(configs.ConfigError, match=r"config\[0\]: cannot apply MigDeviceConfig to the gpu devices of "
                                                   r"request mig \(a MigDeviceConfig configures mig devices\)"):
-        configs.settings_per_request("gpu", gpu, [entry], ["mig"], {"mig": {"gpu"}})
+        configs.settings_per_request(get_family("gpu"), gpu, [entry], ["mig"], {"mig": {"gpu"}})
     # A config that names no request configures the devices of its kind and skips the others.
     everyone = {**entry, "requests": []}
     gpu_ts = {"source": "FromClaim", "requests": [], "opaque": {"driver": gpu, "parameters": {
         **GPU_CONFIG, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}}}}
-    out = configs.settings_per_request("gpu", gpu, [gpu_ts, everyone], ["g", "m"], {"g": {"gpu"}, "m": {"mig"}})
-    assert out["g"].time_slice_interval == "Short" and out["m"] == configs.DeviceSettings()
+    out = configs.settings_per_request(get_family("gpu"), gpu, [gpu_ts, everyone], ["g", "m"], {"g": {"gpu"}, "m": {"mig"}})
+    assert out["g"].get("timeSliceInterval") == "Short" and out["m"] == configs.DeviceSettings()
     with pytest.raises(configs.ConfigError, match=r"sharing.timeSlicingConfig: unknown field; known fields: "
                                                   r"mpsConfig, strategy"):
-        configs.settings_per_request("gpu", gpu, [{**entry, "opaque": {"driver": gpu, "parameters": {
+        configs.settings_per_request(get_family("gpu"), gpu, [{**entry, "opaque": {"driver": gpu, "parameters": {
             **ts, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {}}}}}], ["mig"], {"mig": {"mig"}})

@@ -21,7 +21,7 @@ from eks_dra.catalog import get_instance_type
 from eks_dra.devices import DEFAULT_DRIVER_NAMES, Device, Version
 from eks_dra.devices.classes import DeviceClasses
 from eks_dra.devices.neuron import neuron_device_name
-from eks_dra.drivers.discovery import discover
+from eks_dra.drivers.families import discover
 from eks_dra.drivers.fixture import write_fixture
 
 NODE = "vocab-node"

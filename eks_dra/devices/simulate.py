@@ -1,6 +1,6 @@
 """Simulated devices of a node, straight from the catalog: what our drivers will publish there.
 
-The drivers' discovery builds the same facts from a host tree (`eks_dra.drivers.discovery`); both paths
+The drivers' discovery builds the same facts from a host tree (`eks_dra.drivers.{gpu,efa,neuron}.discovery`); both paths
 end in the builders of gpu.py / efa.py / neuron.py, so planner and drivers cannot drift apart.
 """
 

@@ -49,8 +49,9 @@ from eks_dra.devices.gpu import GpuFacts
 from eks_dra.devices.neuron import topology_xy
 from eks_dra.errors import UserError
 
-from .discovery import FIXTURE_DIR, FIXTURE_MIG_FILE, FIXTURE_XID_DIR
+from .framework.hosttree import FIXTURE_DIR
 from .gpu import mig as mig_marker
+from .gpu.discovery import FIXTURE_MIG_FILE, FIXTURE_XID_DIR
 from .gpu.fixture_root import LAYOUTS, write_driver_root
 
 DEFAULT_NODE_NAME = "fixture-node"

@@ -1,4 +1,4 @@
-"""`eks-dra-driver {gpu|efa|neuron}`: run one DRA kubelet plugin.
+"""`eks-dra-driver {gpu|efa|neuron}`: run one DRA kubelet plugin (the framework with one device family).
 
 Every host path is a flag with an environment fallback, so one machine can run many simulated nodes.
 Exit codes: 0 after SIGTERM/SIGINT, 2 bad flags or environment, 3 the driver must not run here (a newer
@@ -79,7 +79,8 @@ class BadArguments(ValueError):
 
 
 def config_from_args(args: argparse.Namespace):
-    from .driver_config import DriverConfig
+    from .families import get_family
+    from .framework.driver_config import DriverConfig
 
     if not args.node_name:
         raise BadArguments("--node-name (or NODE_NAME) is required: the name of the node this pod runs on "
@@ -92,12 +93,9 @@ def config_from_args(args: argparse.Namespace):
     if not str(args.driver_root).startswith("/"):
         raise BadArguments(f"--driver-root {args.driver_root!r} must be an absolute host path (e.g. / or "
                            "/run/nvidia/driver)")
-    gpu_host = None
-    if args.family == "gpu":
-        from .gpu.host import GpuHost
-
-        gpu_host = GpuHost.for_node(args.host_root, args.driver_root, args.container_driver_root,
-                                    args.nvidia_cdi_hook_path)
+    family_host = get_family(args.family).node_host(args.host_root, {
+        "driver_root": args.driver_root, "container_driver_root": args.container_driver_root,
+        "nvidia_cdi_hook_path": args.nvidia_cdi_hook_path})
     driver_name = args.driver_name or DEFAULT_DRIVER_NAMES[args.family]
     health_port = DEFAULT_HEALTH_PORTS[args.family] if args.health_port is None else int(args.health_port)
     metrics_port = DEFAULT_METRICS_PORTS[args.family] if args.metrics_port is None else int(args.metrics_port)
@@ -108,16 +106,16 @@ def config_from_args(args: argparse.Namespace):
         pod_uid=args.pod_uid or None, health_port=health_port, health_address=args.health_address,
         metrics_port=metrics_port, reconcile_interval_s=args.reconcile_interval,
         health_interval_s=args.health_interval, rediscover_interval_s=args.rediscover_interval,
-        resync_interval_s=args.resync_interval, dra_health_stream=args.dra_health, gpu_host=gpu_host,
+        resync_interval_s=args.resync_interval, dra_health_stream=args.dra_health, family_host=family_host,
         device_taints=args.device_taints)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from . import kube
+    from .framework import kube
 
     kube.use_slim_import()  # before anything imports the kubernetes client
-    from . import logging as driver_logging
+    from .framework import logging as driver_logging
 
     try:
         cfg = config_from_args(args)
@@ -134,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     # The kubelet's sockets first (grpc and the protos only): registration answers at once, DRA calls wait until
     # the checkpoint is loaded and the devices are discovered. Everything heavy is imported after this.
-    from .plugin import PluginServers
+    from .framework.plugin import PluginServers
 
     try:
         servers = PluginServers.for_config(cfg)
@@ -161,19 +159,19 @@ class _StartError(Exception):
 
 
 def _start_driver(cfg, servers):
-    from . import kube
-    from .discovery import discover
-    from .driver import Driver, FatalError
-    from .health_sources import HealthMonitor
+    from .families import get_family
+    from .framework import kube
+    from .framework.driver import Driver, FatalError
 
     try:
         api = kube.KubeApi(kube.api_client(cfg.kubeconfig))
     except Exception as exc:  # noqa: BLE001 - bad kubeconfig / not in a cluster: one clear line
         raise _StartError(2, f"error: cannot configure the Kubernetes client: {exc}") from None
-    monitor = HealthMonitor(cfg.family, cfg.host_root)
+    family = get_family(cfg.family)
+    monitor = family.health_monitor(cfg.host_root)
 
     def inventory_source():
-        return discover(cfg.family, cfg.host_root, cfg.node_name, gpu_host=cfg.gpu_host)
+        return family.discover(cfg.host_root, host=cfg.family_host)
 
     def health_source(fresh_inventory):
         if fresh_inventory is not None:
@@ -181,7 +179,7 @@ def _start_driver(cfg, servers):
         return monitor.poll()
 
     try:
-        driver = Driver(cfg, api, inventory_source, health_source, servers=servers)
+        driver = Driver(cfg, family, api, inventory_source, health_source, servers=servers)
         driver.start()
     except FatalError as exc:
         raise _StartError(3, f"refusing to run: {exc}") from None

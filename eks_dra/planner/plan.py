@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from eks_dra.drivers.configs import ConfigError, settings_per_request
+from eks_dra.drivers.families import get_family
+from eks_dra.drivers.framework.configs import ConfigError, settings_per_request
 
 from .allocator import AllocationError, FilterTimeout, Matcher, NodeSearch
 from .cel_env import CelEnvironment
@@ -244,7 +245,7 @@ class Planner:
                 if value is not None:
                     types.setdefault(req.result_name, set()).add(str(_plain(value)))
             try:
-                settings_per_request(family, driver, list(claim.spec.configs), sorted({r.result_name for r, _ in mine}),
+                settings_per_request(get_family(family), driver, list(claim.spec.configs), sorted({r.result_name for r, _ in mine}),
                                      types, claim.spec.config_path)
             except ConfigError as exc:
                 return f"{driver}: {exc}"

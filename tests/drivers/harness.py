@@ -14,11 +14,10 @@ from pathlib import Path
 
 import grpc
 
-from eks_dra.drivers import discovery, fixture
-from eks_dra.drivers.driver import Driver, DriverConfig
+from eks_dra.drivers import families, fixture
+from eks_dra.drivers.framework.driver import Driver, DriverConfig
+from eks_dra.drivers.framework.kube import KubeApi, api_client
 from eks_dra.drivers.gpu.host import GpuHost
-from eks_dra.drivers.health_sources import HealthMonitor
-from eks_dra.drivers.kube import KubeApi, api_client
 
 from .fake_kube import FakeKube
 from .kubelet import Kubelet
@@ -62,11 +61,11 @@ class Node:
 
 
 def sources(family: str, host: Path, node: str):
-    monitor = HealthMonitor(family, host)
+    monitor = families.health_monitor(family, host)
     gpu_host = GpuHost.for_node(host) if family == "gpu" else None  # one per driver, as main.py makes it
 
     def inventory():
-        return discovery.discover(family, host, node, gpu_host=gpu_host)
+        return families.discover(family, host, node, host=gpu_host)
 
     def health(fresh):
         if fresh is not None:
@@ -79,7 +78,7 @@ def sources(family: str, host: Path, node: str):
 def start_driver(kube: FakeKube, node: Node, family: str, **overrides) -> Driver:
     api = KubeApi(api_client(str(kube.write_kubeconfig(node.base / "kubeconfig"))))
     inventory, health = sources(family, node.host, node.name)
-    driver = Driver(node.config(family, **overrides), api, inventory, health)
+    driver = Driver(node.config(family, **overrides), families.get_family(family), api, inventory, health)
     driver.start()
     return driver
 

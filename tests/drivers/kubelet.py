@@ -6,7 +6,7 @@ from pathlib import Path
 
 import grpc
 
-from eks_dra.drivers.proto import (
+from eks_dra.drivers.framework.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,

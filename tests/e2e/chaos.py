@@ -41,7 +41,7 @@ from kubernetes import client
 from eks_dra.devices.names import DEFAULT_DRIVER_NAMES
 from eks_dra.devices.names import GPU_CONFIG_API_VERSION as GPU_API_VERSION
 from eks_dra.drivers import fixture
-from eks_dra.drivers.checkpoint import CHECKPOINT_FILE_NAME
+from eks_dra.drivers.framework.checkpoint import CHECKPOINT_FILE_NAME
 
 GPU = DEFAULT_DRIVER_NAMES.gpu
 DEVICES = [f"gpu-{i}" for i in range(8)]  # p5.48xlarge

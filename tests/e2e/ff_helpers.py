@@ -29,7 +29,7 @@ from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from eks_dra.drivers import fixture
-from eks_dra.drivers.kube import json_lines
+from eks_dra.drivers.framework.kube import json_lines
 
 FULL = os.environ.get("EKS_DRA_FF_FULL") == "1"
 DRIVERS = {"gpu": "gpu.nvidia.com", "efa": "dra.net", "neuron": "neuron.aws.com"}
@@ -319,7 +319,7 @@ class SliceWatch:
 # device settings), as the previous release did; everything else is the current code.
 PREVIOUS_CHECKPOINT_VERSION_DRIVER = """
 import sys
-import eks_dra.drivers.checkpoint as checkpoint
+import eks_dra.drivers.framework.checkpoint as checkpoint
 checkpoint.encode.__defaults__ = (1,)
 checkpoint.decode.__defaults__ = (1,)
 checkpoint.CheckpointStore.__init__.__defaults__ = (1, True)

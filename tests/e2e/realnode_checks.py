@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from eks_dra.devices.names import DEFAULT_DRIVER_NAMES, FAMILIES
-from eks_dra.drivers.cdi import cdi_device_name, spec_file_name
+from eks_dra.drivers.framework.cdi import cdi_device_name, spec_file_name
 
 # Every accelerator device node a container could see (the fixture's families).
 ACCELERATOR_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/neuron*", "/dev/infiniband/*")

@@ -44,7 +44,7 @@ from kubernetes import client, config
 
 from eks_dra.devices.neuron import neuron_device_name
 from eks_dra.drivers import fixture
-from eks_dra.drivers.checkpoint import CheckpointStore, encode
+from eks_dra.drivers.framework.checkpoint import CheckpointStore, encode
 from eks_dra.drivers.gpu.fixture_root import FIXTURE_SMI_LOG
 
 pytestmark = pytest.mark.e2e

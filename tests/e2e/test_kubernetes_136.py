@@ -29,7 +29,7 @@ from helpers import (
 
 from eks_dra.devices.gpu import gpu_minor_of
 from eks_dra.drivers import fixture
-from eks_dra.drivers.device_taints import NO_EXECUTE, taint_key
+from eks_dra.drivers.framework.device_taints import NO_EXECUTE, taint_key
 from eks_dra.stacks.manifests import device_classes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.k8s136]

@@ -32,7 +32,7 @@ from realnode import HOST_ROOT_PATH, ApiServerRoute, RealNode, ToolsMissing, ens
 from realnode_checks import check_script, expected_for, passed_checks
 
 from eks_dra.devices.names import DEFAULT_DRIVER_NAMES
-from eks_dra.drivers.cdi import spec_file_name
+from eks_dra.drivers.framework.cdi import spec_file_name
 
 pytestmark = pytest.mark.e2e
 

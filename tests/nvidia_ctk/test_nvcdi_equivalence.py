@@ -24,9 +24,10 @@ from test_discovery_fakes import FakeNvml
 
 from eks_dra.devices import node_facts
 from eks_dra.devices.gpu import DEFAULT_DRIVER_VERSION
-from eks_dra.drivers import discovery, gpu_check
+from eks_dra.drivers import families
 from eks_dra.drivers.fixture import write_fixture
-from eks_dra.drivers.gpu import elf
+from eks_dra.drivers.gpu import discovery as gpu_discovery
+from eks_dra.drivers.gpu import elf, gpu_check
 from eks_dra.drivers.gpu.cdi_edits import DEFAULT_HOOK_PATH
 from eks_dra.drivers.gpu.equivalence import build_reference, compare, differences, normalise, run_reference
 from eks_dra.drivers.gpu.host import GpuHost
@@ -64,11 +65,11 @@ def nvcdi_binary() -> Path:
 
 def host_gpus(root: Path) -> list[dict]:
     """The fixture's GPUs as the host shows them (procfs, the fixture's MIG file), not as we discover them."""
-    migs = json.loads((root / discovery.FIXTURE_MIG_FILE).read_text())["gpus"] if \
-        (root / discovery.FIXTURE_MIG_FILE).exists() else {}
+    migs = json.loads((root / gpu_discovery.FIXTURE_MIG_FILE).read_text())["gpus"] if \
+        (root / gpu_discovery.FIXTURE_MIG_FILE).exists() else {}
     out = []
-    for info in sorted((root / discovery.NVIDIA_GPUS_DIR).glob("*/information")):
-        fields = discovery.parse_nvidia_information(info.read_text())
+    for info in sorted((root / gpu_discovery.NVIDIA_GPUS_DIR).glob("*/information")):
+        fields = gpu_discovery.parse_nvidia_information(info.read_text())
         bdf = info.parent.name
         out.append({"uuid": fields["GPU UUID"], "minor": int(fields["Device Minor"]), "pciBusID": bdf,
                     "migs": [{"uuid": m["uuid"], "gi": m["gpuInstanceId"], "ci": m["computeInstanceId"]}
@@ -77,7 +78,7 @@ def host_gpus(root: Path) -> list[dict]:
 
 
 def nvcdi(binary: Path, root: Path) -> dict:
-    version = discovery.parse_nvidia_version((root / discovery.NVIDIA_VERSION_FILE).read_text())
+    version = gpu_discovery.parse_nvidia_version((root / gpu_discovery.NVIDIA_VERSION_FILE).read_text())
     return run_reference(binary, {"driverRoot": str(root), "hookPath": DEFAULT_HOOK_PATH, "driverVersion": version,
                                   "gpus": host_gpus(root)})
 
@@ -158,7 +159,7 @@ def test_the_comparison_notices_a_missing_library(nvcdi_binary, node):
 def test_gpu_checks_comparison_on_the_fixture(nvcdi_binary, node):
     """`make gpu-check`'s comparison (one spec with every device) on the fixture: no difference."""
     kube, n, driver, kubelet = node
-    assert compare(discovery.discover("gpu", n.host, n.name), nvcdi(nvcdi_binary, n.host)) == []
+    assert compare(families.discover("gpu", n.host, n.name), nvcdi(nvcdi_binary, n.host)) == []
 
 
 def test_gpu_check_prints_the_equivalence(nvcdi_binary, tmp_path):

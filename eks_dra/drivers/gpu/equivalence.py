@@ -14,8 +14,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from .. import cdi, discovery
-from ..nvml import NvmlGpu
+from ..framework import cdi
+from ..framework.inventory import Inventory
+from .nvml import NvmlGpu
 
 # nvcdi's executable lookup searches its own PATH first: pin it to the default list, as on a node.
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -30,14 +31,14 @@ def gpus_from_nvml(gpus: list[NvmlGpu]) -> list[dict]:
             for g in sorted(gpus, key=lambda g: g.minor)]
 
 
-def our_spec(inventory: discovery.Inventory) -> dict:
+def our_spec(inventory: Inventory) -> dict:
     """The spec our driver writes for one claim holding every device of the inventory."""
     edits = [cdi.DeviceEdits(d.device.name, list(d.device_nodes), hooks=list(d.hooks)) for d in inventory.devices]
     return cdi.build_spec("gpu-check", "gpu-check", edits, list(inventory.common_device_nodes), {},
                           inventory.common_edits)
 
 
-def compare(inventory: discovery.Inventory, reference: dict) -> list[str]:
+def compare(inventory: Inventory, reference: dict) -> list[str]:
     """Differences, per device (by UUID) and at spec level, between our spec and the reference's."""
     spec = our_spec(inventory)
     lines = [f"spec level: {d}" for d in differences(normalise(spec["containerEdits"]),

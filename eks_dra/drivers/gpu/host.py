@@ -99,7 +99,7 @@ class GpuHost:
 
     def nvml(self):
         """The process's NVML loaded from the driver root, or None (reported once, with the path)."""
-        from ..nvml import shared_nvml
+        from .nvml import shared_nvml
 
         try:
             backend, why = shared_nvml(self.driver_root.nvml_library())

@@ -1,4 +1,5 @@
-"""One DRA driver process: the parts of this package put together, started and stopped in order.
+"""One DRA driver process: the parts of this framework and one DeviceFamily put together, started and stopped
+in order.
 
 Start: the gRPC servers (main.py starts them before importing anything heavy: registration answers at once,
 DRA calls wait), checkpoint (corrupt or lost -> kept aside + Warning Event + rebuilt; newer format -> refuse,
@@ -26,11 +27,10 @@ from .checkpoint import (
     ClaimRecord,
     PreparedDevice,
 )
-from .device_setup import DeviceSetup
 from .device_taints import taint_for
 from .driver_config import DriverConfig
 from .events import EventRecorder
-from .gpu.host import GpuHost
+from .family import DeviceFamily
 from .inventory import HealthSource, InventorySource, InventoryView
 from .kube import ApiError
 from .lock import NodeLock
@@ -61,15 +61,19 @@ def read_boot_id(host_root: Path) -> str:
 
 
 class Driver:
-    def __init__(self, cfg: DriverConfig, api, inventory_source: InventorySource,
+    def __init__(self, cfg: DriverConfig, family: DeviceFamily, api, inventory_source: InventorySource,
                  health_source: HealthSource | None = None, servers: PluginServers | None = None) -> None:
-        """`servers`: already serving (main.py starts them before the heavy imports); None: made here."""
+        """`family`: the device family cfg.family names; `servers`: already serving (main.py starts them before
+        the heavy imports); None: made here."""
+        if family.name != cfg.family:
+            raise ValueError(f"DriverConfig.family is {cfg.family!r} but the device family given is {family.name!r}")
         self.cfg = cfg
+        self.family = family
         self.api = api
         self.started_at = time.monotonic()
         self.metrics = DriverMetrics(cfg.driver_name)
         self.events = EventRecorder(api, cfg.driver_name, cfg.node_name)
-        taint = ((lambda reason: taint_for(cfg.driver_name, cfg.family, reason).to_api())
+        taint = ((lambda reason: taint_for(cfg.driver_name, family.taint_faults, reason).to_api())
                  if cfg.device_taints else None)
         self.inventory = InventoryView(inventory_source, health_source, taint)
         state_dir = cfg.state_path
@@ -77,9 +81,10 @@ class Driver:
         self.lock = NodeLock(state_dir, cfg.lock_timeout_s)
         self.store = CheckpointStore(state_dir, cfg.driver_name, cfg.node_name, durable=cfg.durable)
         self.cdi = CdiDir(cfg.cdi_root, cfg.driver_name)
-        self.state = DeviceState(driver=cfg.driver_name, family=cfg.family, node_name=cfg.node_name, api=api,
+        self.state = DeviceState(driver=cfg.driver_name, family=family, node_name=cfg.node_name, api=api,
                                  inventory=self.inventory, store=self.store, cdi=self.cdi,
-                                 setup=DeviceSetup.for_node(cfg.family, self._gpu_host()), lock=self.lock,
+                                 setup=family.device_setup(cfg.host_root, cfg.family_host, self._tool_unavailable),
+                                 lock=self.lock,
                                  metrics=self.metrics,
                                  events=self.events, host_root=cfg.host_root)
         self.servers = servers or PluginServers.for_config(cfg)
@@ -101,16 +106,10 @@ class Driver:
         self._metrics_server = None
         self.health_port = -1
 
-    def _gpu_host(self) -> GpuHost | None:
-        if self.cfg.family != "gpu":
-            return None
-        host = self.cfg.gpu_host or GpuHost.for_node(self.cfg.host_root)
-        host.on_unavailable = self._gpu_tool_unavailable
-        return host
-
-    def _gpu_tool_unavailable(self, tool: str, message: str) -> None:
+    def _tool_unavailable(self, tool: str, message: str) -> None:
+        # The metric keeps its first name (eks_dra_gpu_tool_unavailable_total): dashboards and alerts use it.
         self.metrics.gpu_tool_unavailable.labels(self.cfg.driver_name, tool).inc()
-        self.events.warning("GpuToolUnavailable", f"{self.cfg.driver_name}: {message}")
+        self.events.warning(self.family.tool_unavailable_reason, f"{self.cfg.driver_name}: {message}")
 
     # ----- start-up
     def start(self) -> None:
@@ -325,7 +324,7 @@ class Driver:
             try:
                 node = self.api.get_node(self.cfg.node_name)
                 self.events.node_uid = self.publisher.node_uid = node["metadata"]["uid"]
-                conflict = device_plugin_conflict(self.cfg.family, node)
+                conflict = device_plugin_conflict(self.family, node)
                 if conflict != (self.publisher.blocked or None):
                     self.publisher.blocked = conflict or ""
                     if conflict:

@@ -1,10 +1,11 @@
-"""The node's current devices and their health, refreshed by polling the discovery (every <= 2 s).
+"""What discovery found (Inventory, DiscoveredDevice) and the node's current devices and their health,
+refreshed by polling (InventoryView, every <= 2 s).
 
-Two sources: `discover()` (discovery.discover: the device topology, run at start, every
-`rediscover_s` and on demand) and `poll_health()` (health_sources.HealthMonitor.poll: NVML XID/ECC events,
-Neuron error counters, EFA port state; cheap, run every tick). A MIG device is withdrawn whenever its
-parent GPU is unhealthy, whatever the MIG device itself reports. With `taint` (DRADeviceTaints, 1.36+)
-an unhealthy device stays published, carrying the taint `taint(reason)` (eks_dra.drivers.device_taints).
+Two sources, both given by the device family: the inventory source (the family's discovery: the device
+topology, run at start, every `rediscover_s` and on demand) and the health source (the family's health
+monitor's poll; cheap, run every tick). A device with a `parent` is withdrawn whenever its parent is
+unhealthy, whatever the device itself reports. With `taint` (DRADeviceTaints, 1.36+) an unhealthy device
+stays published, carrying the taint `taint(reason)` (device_taints.py).
 """
 
 from __future__ import annotations
@@ -12,12 +13,43 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from eks_dra.devices import Device
 
 log = logging.getLogger(__name__)
 
-InventorySource = Callable[[], Any]  # () -> discovery.Inventory
+Health = tuple[bool, str]  # (healthy, reason)
+HEALTHY: Health = (True, "")
+
+
+@dataclass
+class DiscoveredDevice:
+    device: Device
+    healthy: bool = True
+    health_reason: str = ""
+    device_nodes: list[str] = field(default_factory=list)  # absolute paths as seen on the node
+    # Keys ending in _VISIBLE_DEVICES hold one value per device: join them with "," for a claim.
+    env: dict[str, str] = field(default_factory=dict)
+    parent: str | None = None  # a device whose health follows another's (GPU: a MIG device's GPU)
+    hooks: list[dict] = field(default_factory=list)  # per-device CDI hooks
+
+
+@dataclass
+class Inventory:
+    devices: list[DiscoveredDevice]
+    ready: bool
+    reason: str  # why not ready; a summary when ready
+    common_device_nodes: list[str] = field(default_factory=list)  # needed by every device of the family
+    problems: list[str] = field(default_factory=list)  # devices skipped and why (also in `reason`)
+    common_edits: dict = field(default_factory=dict)  # spec-level CDI edits of every claim
+
+    def by_name(self) -> dict[str, DiscoveredDevice]:
+        return {d.device.name: d for d in self.devices}
+
+
+InventorySource = Callable[[], Any]  # () -> Inventory
 HealthSource = Callable[[Any], dict[str, tuple[bool, str]]]  # (fresh inventory or None) -> {device: health}
 
 
@@ -41,7 +73,7 @@ class InventoryView:
         self.ready = False
         self.reason = "not discovered yet"
         self.common_device_nodes: list[str] = []
-        self.common_edits: dict = {}  # spec-level CDI edits of the family (GPU: the driver root's files, hooks)
+        self.common_edits: dict = {}  # spec-level CDI edits of the family
         self.devices: dict[str, Any] = {}  # name -> DiscoveredDevice
         self.health: dict[str, tuple[bool, str]] = {}  # name -> (effective healthy, reason)
         self.polls = 0

@@ -39,6 +39,7 @@ from .checkpoint import (
 )
 from .configs import ConfigError, DeviceSettings, settings_per_request
 from .device_setup import DeviceSetup, SetupError
+from .family import DeviceFamily
 from .kube import ApiError
 from .lock import LockTimeout, NodeLock
 
@@ -101,7 +102,7 @@ def _node_selector_names(selector: dict) -> set[str] | None:
 
 
 class DeviceState:
-    def __init__(self, *, driver: str, family: str, node_name: str, api, inventory, store: CheckpointStore,
+    def __init__(self, *, driver: str, family: DeviceFamily, node_name: str, api, inventory, store: CheckpointStore,
                  cdi: cdi_mod.CdiDir, setup: DeviceSetup, lock: NodeLock, metrics, events,
                  host_root: Path | None = None) -> None:
         self.driver, self.family, self.node_name = driver, family, node_name
@@ -401,7 +402,7 @@ class DeviceState:
             discovered, _ = self.inventory.get(d.device_name)
             if discovered is None:
                 raise ClaimError(f"device {d.device_name} is no longer present on node {self.node_name}")
-            settings = DeviceSettings(**_settings_kwargs(rec.settings.get("requested", {}).get(d.device_name, {})))
+            settings = DeviceSettings.from_json(rec.settings.get("requested", {}).get(d.device_name, {}))
             pairs.append((discovered.device, settings))
             device_env = {}
             for key, value in discovered.env.items():
@@ -494,6 +495,3 @@ class DeviceState:
         self.store.save(cp)
         return count
 
-
-def _settings_kwargs(obj: dict) -> dict:
-    return {"time_slice_interval": obj.get("timeSliceInterval"), "logical_neuron_core": obj.get("logicalNeuronCore")}

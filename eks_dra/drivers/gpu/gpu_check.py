@@ -1,4 +1,4 @@
-"""`python -m eks_dra.drivers.gpu_check` (`make gpu-check`): GPU discovery on the real host, read-only.
+"""`python -m eks_dra.drivers.gpu.gpu_check` (`make gpu-check`): GPU discovery on the real host, read-only.
 
 Prints what sysfs and NVML (libnvidia-ml.so.1 loaded from the driver root by explicit path, as the plugin
 does) each report about the NVIDIA GPUs, the inventory's readiness and health, the CDI edits from the
@@ -20,15 +20,16 @@ from typing import TextIO
 
 from eks_dra.devices import DEFAULT_DRIVER_NAMES, resource_slices
 
-from . import discovery
-from .gpu import equivalence
-from .gpu.host import GpuHost
+from ..framework.hosttree import PciFunction, instance_type_of, is_fixture, list_pci_functions
+from . import equivalence
+from .discovery import GPU_PCI_CLASSES, NVIDIA_VENDOR
+from .family import FAMILY
+from .host import GpuHost
 from .nvml import NvmlBackend
 
 
-def _sysfs_table(host_root: Path, problems: list[str]) -> list[discovery.PciFunction]:
-    return [f for f in discovery.list_pci_functions(host_root, discovery.NVIDIA_VENDOR, problems)
-            if f.class_code >> 8 in discovery.GPU_PCI_CLASSES]
+def _sysfs_table(host_root: Path, problems: list[str]) -> list[PciFunction]:
+    return [f for f in list_pci_functions(host_root, NVIDIA_VENDOR, problems) if f.class_code >> 8 in GPU_PCI_CLASSES]
 
 
 def check(host_root: Path, node_name: str, driver: str, nvml: NvmlBackend | None,
@@ -39,7 +40,7 @@ def check(host_root: Path, node_name: str, driver: str, nvml: NvmlBackend | None
     problems: list[str] = []
     pci = _sysfs_table(host_root, problems)
     print(f"# host root {host_root}, node {node_name}, driver {driver}", file=out)
-    it = discovery.instance_type_of(host_root)
+    it = instance_type_of(host_root)
     print(f"# instance type (DMI): {it.name if it else 'not in the eks-dra catalog'}", file=out)
     print(f"# sysfs: {len(pci)} NVIDIA GPU PCI functions", file=out)
     for f in pci:
@@ -75,7 +76,7 @@ def check(host_root: Path, node_name: str, driver: str, nvml: NvmlBackend | None
     for a in sorted(only_nvml):
         print(f"# MISMATCH: NVML reports {a} but sysfs has no such PCI function", file=out)
     gpu_host = gpu_host or GpuHost.for_node(host_root)
-    inventory = discovery.discover("gpu", host_root, node_name, nvml=nvml, gpu_host=gpu_host)
+    inventory = FAMILY.discover(host_root, host=gpu_host, nvml=nvml)
     print(f"# inventory: ready={inventory.ready} ({inventory.reason})", file=out)
     print(f"# common device nodes: {', '.join(inventory.common_device_nodes) or 'none'}", file=out)
     for d in inventory.devices:
@@ -91,7 +92,7 @@ def check(host_root: Path, node_name: str, driver: str, nvml: NvmlBackend | None
     if reference is not None and gpus and edits:
         request = {"driverRoot": str(gpu_host.driver_root.path), "hookPath": gpu_host.hook(),
                    "driverVersion": nvml.driver_version(), "gpus": equivalence.gpus_from_nvml(gpus)}
-        fixture = discovery.is_fixture(host_root)  # a fixture tree has no real NVML: the reference mocks it
+        fixture = is_fixture(host_root)  # a fixture tree has no real NVML: the reference mocks it
         if not fixture:
             request["realNvmlLibrary"] = str(gpu_host.driver_root.nvml_library())
         lines = equivalence.compare(inventory, equivalence.run_reference(reference, request))
@@ -106,7 +107,7 @@ def check(host_root: Path, node_name: str, driver: str, nvml: NvmlBackend | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eks_dra.drivers.gpu_check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m eks_dra.drivers.gpu.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--host-root", type=Path, default=Path("/"))
     parser.add_argument("--node-name", default=socket.gethostname())
     parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAMES.gpu)

@@ -1,6 +1,6 @@
 """Regenerate the committed gRPC stubs from the .proto files in this folder (`make protos`).
 
-`python -m eks_dra.drivers.proto.generate [--check]`: --check regenerates into a temporary folder and
+`python -m eks_dra.drivers.framework.proto.generate [--check]`: --check regenerates into a temporary folder and
 exits 1 naming every stub that differs from the committed one (a test runs it, so stubs cannot drift).
 """
 

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the GPU host module is imported only by GPU drivers, after the sockets serve
-    from .gpu.host import GpuHost
 
 
 @dataclass
 class DriverConfig:
-    family: str
+    family: str  # the device family's name (DeviceFamily.name)
     driver_name: str
     node_name: str
     host_root: Path = Path("/")
@@ -34,7 +30,7 @@ class DriverConfig:
     device_taints: bool = False  # unhealthy devices stay in the slices, tainted (DRADeviceTaints, 1.36+)
     lock_timeout_s: float = 30.0
     durable: bool = True  # fsync the checkpoint (tests turn it off for speed)
-    gpu_host: GpuHost | None = None  # the NVIDIA driver root and tools (default: the driver root / under host_root)
+    family_host: object | None = None  # DeviceFamily.node_host(): GPU: the NVIDIA driver root and tools
 
     @property
     def state_path(self) -> Path:
