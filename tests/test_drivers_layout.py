@@ -128,3 +128,35 @@ def test_each_family_package_gives_its_device_family(family):
 def test_an_unknown_family_is_a_clear_error():
     with pytest.raises(ValueError, match=r"unknown device family 'tpu'; expected one of gpu, efa, neuron"):
         get_family("tpu")
+
+
+def test_nothing_heavy_is_imported_before_the_sockets_serve(tmp_path):
+    """main() serves the kubelet sockets after importing only grpc, the protos and its own settings (issue 14):
+    no catalog, device model, family package, Kubernetes client or Prometheus before PluginServers.start()."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, os, sys\n"
+        "from eks_dra.drivers.framework import plugin\n"
+        "def start(self):\n"
+        "    print(json.dumps(sorted(sys.modules)))\n"
+        "    sys.stdout.flush()\n"
+        "    os._exit(0)\n"
+        "plugin.PluginServers.start = start\n"
+        "from eks_dra.drivers import main\n"
+        f"main.main(['gpu', '--node-name', 'n', '--plugins-dir', {str(tmp_path / 'p')!r}, "
+        f"'--registry-dir', {str(tmp_path / 'r')!r}, '--host-root', {str(tmp_path)!r}])\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    loaded = json.loads(result.stdout.splitlines()[-1])
+    heavy = ("eks_dra.catalog", "eks_dra.devices.model", "eks_dra.devices.simulate", "eks_dra.devices.gpu",
+             "eks_dra.devices.efa", "eks_dra.devices.neuron", "eks_dra.drivers.families", "eks_dra.drivers.framework.family",
+             "kubernetes.client.rest", "kubernetes.client.api_client", "kubernetes.config.kube_config",
+             "prometheus_client", "urllib3", "requests") + FAMILY_MODULES
+    assert [m for m in loaded if within(m, heavy)] == []
+    # kube.use_slim_import() registers the client's packages as empty placeholders, nothing under them yet
+    assert [m for m in loaded if m.startswith("kubernetes")] == ["kubernetes", "kubernetes.client", "kubernetes.client.api",
+                                                                 "kubernetes.client.models", "kubernetes.config"]
+    assert "grpc" in loaded and "eks_dra.drivers.framework.proto.dra_v1_pb2" in loaded  # the check saw main's imports

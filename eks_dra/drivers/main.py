@@ -78,8 +78,17 @@ class BadArguments(ValueError):
     pass
 
 
-def config_from_args(args: argparse.Namespace):
+def family_host_from_args(args: argparse.Namespace) -> object | None:
+    """The family's view of the node's software from the flags (GPU: the driver root and nvidia-cdi-hook)."""
     from .families import get_family
+
+    return get_family(args.family).node_host(args.host_root, {
+        "driver_root": args.driver_root, "container_driver_root": args.container_driver_root,
+        "nvidia_cdi_hook_path": args.nvidia_cdi_hook_path})
+
+
+def config_from_args(args: argparse.Namespace, *, with_family_host: bool = True):
+    """The driver's settings; `with_family_host` False leaves `family_host` for after the sockets serve (main)."""
     from .framework.driver_config import DriverConfig
 
     if not args.node_name:
@@ -93,9 +102,7 @@ def config_from_args(args: argparse.Namespace):
     if not str(args.driver_root).startswith("/"):
         raise BadArguments(f"--driver-root {args.driver_root!r} must be an absolute host path (e.g. / or "
                            "/run/nvidia/driver)")
-    family_host = get_family(args.family).node_host(args.host_root, {
-        "driver_root": args.driver_root, "container_driver_root": args.container_driver_root,
-        "nvidia_cdi_hook_path": args.nvidia_cdi_hook_path})
+    family_host = family_host_from_args(args) if with_family_host else None
     driver_name = args.driver_name or DEFAULT_DRIVER_NAMES[args.family]
     health_port = DEFAULT_HEALTH_PORTS[args.family] if args.health_port is None else int(args.health_port)
     metrics_port = DEFAULT_METRICS_PORTS[args.family] if args.metrics_port is None else int(args.metrics_port)
@@ -118,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     from .framework import logging as driver_logging
 
     try:
-        cfg = config_from_args(args)
+        cfg = config_from_args(args, with_family_host=False)
     except BadArguments as exc:
         print(f"eks-dra-driver: error: {exc}", file=sys.stderr)
         return 2
@@ -141,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"eks-dra-driver: error: {exc}", file=sys.stderr)
         return 2
     try:
-        driver = _start_driver(cfg, servers)
+        driver = _start_driver(cfg, servers, args)
     except _StartError as exc:
         servers.stop(0)
         print(f"eks-dra-driver: {exc}", file=sys.stderr)
@@ -158,10 +165,12 @@ class _StartError(Exception):
         self.code = code
 
 
-def _start_driver(cfg, servers):
+def _start_driver(cfg, servers, args: argparse.Namespace):
     from .families import get_family
     from .framework import kube
     from .framework.driver import Driver, FatalError
+
+    cfg.family_host = family_host_from_args(args)
 
     try:
         api = kube.KubeApi(kube.api_client(cfg.kubeconfig))

@@ -14,9 +14,10 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eks_dra.devices import Device
+if TYPE_CHECKING:  # the model is imported after the sockets serve, by discovery
+    from eks_dra.devices import Device
 
 log = logging.getLogger(__name__)
 
