@@ -122,13 +122,14 @@ def test_planner_keeps_claims_off_tainted_devices_unless_they_tolerate(tmp_path)
     from eks_dra.devices import DEFAULT_DRIVER_NAMES
     from eks_dra.drivers.families import get_family
     from eks_dra.drivers.framework.device_taints import taint_for
+    from eks_dra.drivers.framework.inventory import Fault
     from eks_dra.planner.cel_env import CelEnvironment
     from eks_dra.planner.claims import load_manifests
     from eks_dra.planner.plan import Planner
     from eks_dra.planner.simulate import nodes_from_slices
 
     driver = DEFAULT_DRIVER_NAMES.gpu
-    taint = taint_for(driver, get_family("gpu").taint_faults, "XID 79 on GPU GPU-1").to_api()
+    taint = taint_for(driver, get_family("gpu").taint_effects, Fault("xid", "XID 79 on GPU GPU-1")).to_api()
     slices = [({"spec": {"nodeName": "n", "driver": driver, "pool": {"name": "n"},
                          "devices": [{"name": "gpu-0", "taints": [taint]}, {"name": "gpu-1"}]}}, "slices.yaml")]
     assert nodes_from_slices(slices)[0].devices[0].taints == ((taint["key"], "xid", "NoExecute"),)

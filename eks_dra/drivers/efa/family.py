@@ -2,7 +2,7 @@
 
 Device taints (DRADeviceTaints) by fault:
 
-| fault (health reason) | value | effect |
+| fault (health.py) | kind = value | effect |
 |---|---|---|
 | a port not ACTIVE | link-down | NoExecute: traffic over the interface fails |
 | no or unreadable port state, anything else | unknown | NoSchedule: health cannot be told |
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..framework.device_taints import NO_EXECUTE, TaintFaults
+from ..framework.device_taints import NO_EXECUTE, TaintEffects
 from ..framework.family import DeviceFamily, HealthMonitor, LevelHealthMonitor, apply_health
 from ..framework.inventory import Inventory
 
@@ -20,7 +20,7 @@ from ..framework.inventory import Inventory
 class EfaFamily(DeviceFamily):
     name = "efa"
     device_plugin_resources = ("vpc.amazonaws.com/efa",)
-    taint_faults: TaintFaults = ((" is '", "link-down", NO_EXECUTE),)
+    taint_effects: TaintEffects = {"link-down": NO_EXECUTE}
 
     def discover(self, host_root: Path, *, host: object | None = None, instance_type: str | None = None,
                  **options) -> Inventory:

@@ -8,7 +8,7 @@ from pathlib import Path
 from eks_dra.devices import efa as efa_model
 
 from ..framework.hosttree import read_optional
-from ..framework.inventory import HEALTHY, Health, Inventory
+from ..framework.inventory import HEALTHY, Fault, Health, Inventory
 
 
 def efa_port_health(host_root: Path, ibdev: str) -> Health:
@@ -20,7 +20,7 @@ def efa_port_health(host_root: Path, ibdev: str) -> Health:
         if state is None:
             return False, f"{ibdev} port {state_file.parent.name}: unreadable state file {state_file}"
         if state.rpartition(":")[2].strip() != "ACTIVE":  # "4: ACTIVE"; not DOWN, INIT, ARMED, ACTIVE_DEFER
-            return False, f"{ibdev} port {state_file.parent.name} is {state!r}, not ACTIVE"
+            return False, Fault("link-down", f"{ibdev} port {state_file.parent.name} is {state!r}, not ACTIVE")
     return HEALTHY
 
 

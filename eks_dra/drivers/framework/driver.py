@@ -73,7 +73,7 @@ class Driver:
         self.started_at = time.monotonic()
         self.metrics = DriverMetrics(cfg.driver_name)
         self.events = EventRecorder(api, cfg.driver_name, cfg.node_name)
-        taint = ((lambda reason: taint_for(cfg.driver_name, family.taint_faults, reason).to_api())
+        taint = ((lambda reason: taint_for(cfg.driver_name, family.taint_effects, reason).to_api())
                  if cfg.device_taints else None)
         self.inventory = InventoryView(inventory_source, health_source, taint)
         state_dir = cfg.state_path

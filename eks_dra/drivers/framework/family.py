@@ -14,7 +14,7 @@ from typing import Protocol
 
 from .configs import ConfigSchema
 from .device_setup import DeviceSetup
-from .device_taints import TaintFaults
+from .device_taints import TaintEffects
 from .inventory import Health, Inventory
 
 ToolUnavailable = Callable[[str, str], None]  # (tool, message): a node tool the family needs is unusable
@@ -59,7 +59,7 @@ class DeviceFamily:
     name: str = ""  # the `eks-dra-driver <name>` argument
     device_plugin_resources: tuple[str, ...] = ()  # extended-resource prefixes of the family's device plugin
     config_schemas: dict[str, ConfigSchema] = {}  # opaque config kind -> schema; empty: takes no configuration
-    taint_faults: TaintFaults = ()  # (health reason substring, taint value, effect), first match wins
+    taint_effects: TaintEffects = {}  # fault kind (inventory.Fault) -> device taint effect
     tool_unavailable_reason = "ToolUnavailable"  # the Event reason when a node tool of the family is unusable
 
     def node_host(self, host_root: Path, options: dict) -> object | None:

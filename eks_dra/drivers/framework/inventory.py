@@ -25,6 +25,29 @@ Health = tuple[bool, str]  # (healthy, reason)
 HEALTHY: Health = (True, "")
 
 
+class Fault(str):
+    """An unhealthy device's reason that names its fault kind (e.g. "xid", "link-down"), set by the family's
+    health source where it tells the fault; the kind is the device taint's value (device_taints.py), so a reworded
+    message cannot change a taint. A plain str reason has no kind (taint value "unknown")."""
+
+    kind: str
+
+    def __new__(cls, kind: str, message: str) -> Fault:
+        reason = super().__new__(cls, message)
+        reason.kind = kind
+        return reason
+
+
+def fault_kind(reason: str) -> str | None:
+    return getattr(reason, "kind", None)
+
+
+def derived_reason(source: str, message: str) -> str:
+    """`message` (about a device whose health follows `source`'s device) with `source`'s fault kind, if any."""
+    kind = fault_kind(source)
+    return Fault(kind, message) if kind else message
+
+
 @dataclass
 class DiscoveredDevice:
     device: Device
@@ -93,7 +116,7 @@ class InventoryView:
             healthy, reason = reported.get(name, (True, ""))
             parent = reported.get(d.parent) if d.parent else None
             if healthy and parent is not None and not parent[0]:
-                healthy, reason = False, f"parent {d.parent} unhealthy: {parent[1]}"
+                healthy, reason = False, derived_reason(parent[1], f"parent {d.parent} unhealthy: {parent[1]}")
             health[name] = (healthy, reason)
         with self._lock:
             before = (self.ready, self._published_api())

@@ -2,7 +2,7 @@
 
 Device taints (DRADeviceTaints) by fault:
 
-| fault (health reason) | value | effect |
+| fault (health.py) | kind = value | effect |
 |---|---|---|
 | XID (not an application XID) or double-bit ECC event | xid | NoExecute: the GPU context is lost |
 | uncorrected volatile ECC errors | ecc-uncorrected | NoExecute: memory contents are corrupt |
@@ -10,7 +10,7 @@ Device taints (DRADeviceTaints) by fault:
 | row remapping failed | row-remap-failed | NoExecute: the GPU needs replacing |
 | row remapping pending | row-remap-pending | NoSchedule: running work continues; reset when idle |
 | (MIG) parent GPU unhealthy | the parent's value | the parent's effect |
-| anything else | unknown | NoSchedule |
+| anything else (e.g. an NVML query that failed) | unknown | NoSchedule |
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..framework.device_setup import DeviceSetup
-from ..framework.device_taints import NO_EXECUTE, NO_SCHEDULE, TaintFaults
+from ..framework.device_taints import NO_EXECUTE, NO_SCHEDULE, TaintEffects
 from ..framework.family import DeviceFamily, HealthMonitor, ToolUnavailable, apply_health
 from ..framework.inventory import Inventory
 from .configs import GPU_CONFIG_SCHEMAS
@@ -28,14 +28,13 @@ class GpuFamily(DeviceFamily):
     name = "gpu"
     device_plugin_resources = ("nvidia.com/gpu", "nvidia.com/mig-")
     config_schemas = GPU_CONFIG_SCHEMAS
-    taint_faults: TaintFaults = (
-        ("row remapping pending", "row-remap-pending", NO_SCHEDULE),
-        ("row remapping failed", "row-remap-failed", NO_EXECUTE),
-        ("XID", "xid", NO_EXECUTE),
-        ("double-bit ECC", "xid", NO_EXECUTE),
-        ("uncorrected ECC", "ecc-uncorrected", NO_EXECUTE),
-        ("NVML cannot reach", "gpu-lost", NO_EXECUTE),
-    )
+    taint_effects: TaintEffects = {
+        "xid": NO_EXECUTE,
+        "ecc-uncorrected": NO_EXECUTE,
+        "gpu-lost": NO_EXECUTE,
+        "row-remap-failed": NO_EXECUTE,
+        "row-remap-pending": NO_SCHEDULE,
+    }
     tool_unavailable_reason = "GpuToolUnavailable"
 
     def node_host(self, host_root: Path, options: dict) -> object | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from eks_dra.devices import gpu as gpu_model
 
 from ..framework.hosttree import is_fixture, read_optional
-from ..framework.inventory import HEALTHY, Health, Inventory
+from ..framework.inventory import HEALTHY, Fault, Health, Inventory
 from .discovery import FIXTURE_XID_DIR, discover_gpus, number_migs, nvml_migs
 from .nvml import NvmlBackend, NvmlHealth
 
@@ -35,13 +35,13 @@ def fixture_gpu_xid(host_root: Path, minor: int) -> int | None:
 
 def nvml_level_health(h: NvmlHealth) -> Health:
     if h.error:
-        return False, f"NVML cannot reach the GPU: {h.error}"
+        return False, Fault("gpu-lost", f"NVML cannot reach the GPU: {h.error}")
     if h.row_remap_failure:
-        return False, "row remapping failed: replace or reset the GPU"
+        return False, Fault("row-remap-failed", "row remapping failed: replace or reset the GPU")
     if h.row_remap_pending:
-        return False, "row remapping pending: the GPU needs a reset"
+        return False, Fault("row-remap-pending", "row remapping pending: the GPU needs a reset")
     if h.uncorrected_ecc_volatile:
-        return False, f"{h.uncorrected_ecc_volatile} uncorrected ECC errors since the last reset"
+        return False, Fault("ecc-uncorrected", f"{h.uncorrected_ecc_volatile} uncorrected ECC errors since the last reset")
     return HEALTHY
 
 
@@ -71,7 +71,7 @@ def _gpu_level(host_root: Path, nvml: NvmlBackend | None, e: _GpuEntry, cache: d
     health = HEALTHY
     xid = fixture_gpu_xid(host_root, e.minor) if nvml is None else None
     if xid is not None and xid not in IGNORED_XIDS:
-        health = (False, f"XID {xid} on GPU {e.uuid}")
+        health = (False, Fault("xid", f"XID {xid} on GPU {e.uuid}"))
     elif nvml is not None:
         try:
             health = nvml_level_health(nvml.health(e.uuid))
@@ -153,7 +153,8 @@ class GpuHealthMonitor:
             if e.own_uuid != e.uuid:
                 keys += [(e.own_uuid, None), (e.own_uuid, gi)]
             event = next((r for r in (self._recent_event(u, g, now) for u, g in keys) if r), None)
-            out[e.name] = (False, event) if event else _gpu_level(self.host_root, self._nvml, e, cache)
+            # An XID and a double-bit ECC event both lose the GPU context: one kind.
+            out[e.name] = (False, Fault("xid", event)) if event else _gpu_level(self.host_root, self._nvml, e, cache)
         return out
 
     def _recent_event(self, uuid: str, gi: int | None, now: float) -> str | None:

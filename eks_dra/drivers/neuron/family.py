@@ -2,7 +2,7 @@
 
 Device taints (DRADeviceTaints) by fault:
 
-| fault (health reason) | value | effect |
+| fault (health.py) | kind = value | effect |
 |---|---|---|
 | uncorrected ECC errors | ecc-uncorrected | NoExecute: memory contents are corrupt |
 | device gone from sysfs | device-lost | NoExecute |
@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..framework.device_setup import DeviceSetup
-from ..framework.device_taints import NO_EXECUTE, TaintFaults
+from ..framework.device_taints import NO_EXECUTE, TaintEffects
 from ..framework.family import DeviceFamily, HealthMonitor, LevelHealthMonitor, ToolUnavailable, apply_health
 from ..framework.inventory import Inventory
 from .configs import NEURON_CONFIG_SCHEMAS
@@ -24,10 +24,7 @@ class NeuronFamily(DeviceFamily):
     name = "neuron"
     device_plugin_resources = ("aws.amazon.com/neuron",)  # neuron, neuroncore, neurondevice
     config_schemas = NEURON_CONFIG_SCHEMAS
-    taint_faults: TaintFaults = (
-        ("uncorrected ECC", "ecc-uncorrected", NO_EXECUTE),
-        ("disappeared", "device-lost", NO_EXECUTE),
-    )
+    taint_effects: TaintEffects = {"ecc-uncorrected": NO_EXECUTE, "device-lost": NO_EXECUTE}
 
     def discover(self, host_root: Path, *, host: object | None = None, instance_type: str | None = None,
                  **options) -> Inventory:

@@ -9,7 +9,7 @@ from pathlib import Path
 from eks_dra.devices import neuron as neuron_model
 
 from ..framework.hosttree import read_optional
-from ..framework.inventory import HEALTHY, Health, Inventory
+from ..framework.inventory import HEALTHY, Fault, Health, Inventory
 
 NEURON_ECC_COUNTERS = ("mem_ecc_uncorrected", "sram_ecc_uncorrected")
 
@@ -25,7 +25,7 @@ def _counter(path: Path) -> int:
 def neuron_health(host_root: Path, index: int) -> Health:
     base = host_root / "sys/class/neuron_device" / f"neuron{index}"
     if not base.exists():
-        return False, f"neuron{index} disappeared from /sys/class/neuron_device"
+        return False, Fault("device-lost", f"neuron{index} disappeared from /sys/class/neuron_device")
     errors = []
     for name in NEURON_ECC_COUNTERS:
         path = base / "stats/hardware" / name
@@ -38,7 +38,7 @@ def neuron_health(host_root: Path, index: int) -> Health:
         if count:
             errors.append(f"{name}={count}")
     if errors:
-        return False, f"neuron{index}: uncorrected ECC errors ({', '.join(errors)}); reset the device"
+        return False, Fault("ecc-uncorrected", f"neuron{index}: uncorrected ECC errors ({', '.join(errors)}); reset the device")
     return HEALTHY
 
 
