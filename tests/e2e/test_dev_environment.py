@@ -668,6 +668,9 @@ def test_corpus_claims_run_on_our_drivers(dev):
                        interval=0.5, what=f"{name}: {pod_name} gone")
         dev.core.delete_namespace(ns)
         wait_until(lambda ns=ns: not dev.pods(ns), 90, interval=0.5, what=f"{name}: pods gone")
+        # Until its claims are gone the scheduler still counts their devices allocated (later tests need them).
+        wait_until(lambda ns=ns: not dev.resource.list_namespaced_resource_claim(ns).items, 90, interval=0.5,
+                   what=f"{name}: claims gone")
     assert ran >= 16  # every allocatable claim of the non-MIG corpus ran
     for node in dev.nodes.values():
         wait_until(lambda n=node: n.cdi_specs() == {}, 60, what=f"{node.name}: every corpus claim unprepared")
