@@ -19,7 +19,7 @@ from eks_dra.drivers.gpu import mig as mig_marker
 from eks_dra.drivers.gpu.driver_root import DriverRoot, DriverRootError, resolve_in_root
 from eks_dra.drivers.gpu.fixture_root import write_driver_root
 from eks_dra.drivers.gpu.host import GpuHost
-from eks_dra.drivers.main import BadArguments, build_parser, config_from_args
+from eks_dra.drivers.main import BadArguments, build_parser, config_from_args, family_host_from_args
 
 NODE = "fixture-node"
 BR = "/x86_64-bottlerocket-linux-gnu/sys-root/usr"
@@ -190,13 +190,13 @@ def test_mig_devices_wait_for_this_boots_partitioning_marker(tmp_path):
 def test_driver_root_flags(tmp_path):
     args = build_parser().parse_args(["gpu", "--node-name", "n", "--host-root", str(tmp_path),
                                       "--driver-root", "/run/nvidia/driver", "--nvidia-cdi-hook-path", "/opt/h"])
-    cfg = config_from_args(args)
-    assert cfg.family_host.driver_root.path == tmp_path / "run/nvidia/driver"
-    assert cfg.family_host.driver_root.host_path == "/run/nvidia/driver" and cfg.family_host.hook_path == "/opt/h"
+    host = family_host_from_args(args)
+    assert host.driver_root.path == tmp_path / "run/nvidia/driver"
+    assert host.driver_root.host_path == "/run/nvidia/driver" and host.hook_path == "/opt/h"
     args = build_parser().parse_args(["gpu", "--node-name", "n", "--driver-root", "run/nvidia"])
     with pytest.raises(BadArguments, match="--driver-root 'run/nvidia' must be an absolute host path"):
         config_from_args(args)
-    assert config_from_args(build_parser().parse_args(["efa", "--node-name", "n"])).family_host is None
+    assert family_host_from_args(build_parser().parse_args(["efa", "--node-name", "n"])) is None
 
 
 def test_fixture_os_layout_is_checked(tmp_path):

@@ -7,7 +7,6 @@ names` (a driver's start-up, before its sockets serve) does not pay for the cata
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
 
 _EXPORTS = {
     "MAX_DEVICES_PER_SLICE": "model",
@@ -26,29 +25,7 @@ _EXPORTS = {
     "simulate_node": "simulate",
 }
 
-__all__ = [
-    "AttributeValue",
-    "DEFAULT_DRIVER_NAMES",
-    "Device",
-    "DriverNames",
-    "FAMILIES",
-    "Family",
-    "MAX_DEVICES_PER_SLICE",
-    "NodeFacts",
-    "PCIE_ROOT",
-    "Version",
-    "devices_from_facts",
-    "node_facts",
-    "resource_slices",
-    "simulate_node",
-]
-assert sorted(__all__) == sorted(_EXPORTS)
-
-if TYPE_CHECKING:
-    from .model import MAX_DEVICES_PER_SLICE, PCIE_ROOT, AttributeValue, Device, Version, resource_slices
-    from .names import DEFAULT_DRIVER_NAMES, FAMILIES, DriverNames, Family
-    from .simulate import NodeFacts, devices_from_facts, node_facts, simulate_node
-
+__all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str):
     module = _EXPORTS.get(name)

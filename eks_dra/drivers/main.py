@@ -87,8 +87,9 @@ def family_host_from_args(args: argparse.Namespace) -> object | None:
         "nvidia_cdi_hook_path": args.nvidia_cdi_hook_path})
 
 
-def config_from_args(args: argparse.Namespace, *, with_family_host: bool = True):
-    """The driver's settings; `with_family_host` False leaves `family_host` for after the sockets serve (main)."""
+def config_from_args(args: argparse.Namespace):
+    """The driver's settings, without `family_host`: main sets it from `family_host_from_args` once the sockets
+    serve (it imports the family package)."""
     from .framework.driver_config import DriverConfig
 
     if not args.node_name:
@@ -102,7 +103,6 @@ def config_from_args(args: argparse.Namespace, *, with_family_host: bool = True)
     if not str(args.driver_root).startswith("/"):
         raise BadArguments(f"--driver-root {args.driver_root!r} must be an absolute host path (e.g. / or "
                            "/run/nvidia/driver)")
-    family_host = family_host_from_args(args) if with_family_host else None
     driver_name = args.driver_name or DEFAULT_DRIVER_NAMES[args.family]
     health_port = DEFAULT_HEALTH_PORTS[args.family] if args.health_port is None else int(args.health_port)
     metrics_port = DEFAULT_METRICS_PORTS[args.family] if args.metrics_port is None else int(args.metrics_port)
@@ -113,7 +113,7 @@ def config_from_args(args: argparse.Namespace, *, with_family_host: bool = True)
         pod_uid=args.pod_uid or None, health_port=health_port, health_address=args.health_address,
         metrics_port=metrics_port, reconcile_interval_s=args.reconcile_interval,
         health_interval_s=args.health_interval, rediscover_interval_s=args.rediscover_interval,
-        resync_interval_s=args.resync_interval, dra_health_stream=args.dra_health, family_host=family_host,
+        resync_interval_s=args.resync_interval, dra_health_stream=args.dra_health,
         device_taints=args.device_taints)
 
 
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     from .framework import logging as driver_logging
 
     try:
-        cfg = config_from_args(args, with_family_host=False)
+        cfg = config_from_args(args)
     except BadArguments as exc:
         print(f"eks-dra-driver: error: {exc}", file=sys.stderr)
         return 2

@@ -140,6 +140,17 @@ def extra_pod(dev: DevCluster, name: str, claim: str, node: str | None = None) -
     return body
 
 
+def remove_extra(dev: DevCluster, name: str) -> None:
+    """Delete an extra pod and its claim and wait until both are gone, so that the devices they held are free
+    for the tests after (the scheduler may have put every sample on one node: it has no room for leftovers)."""
+    dev.core.delete_namespaced_pod(name, EXTRA_NAMESPACE)
+    wait_until(lambda: name not in {p["metadata"]["name"] for p in dev.pods(EXTRA_NAMESPACE)}, 60,
+               what=f"pod {EXTRA_NAMESPACE}/{name} gone")
+    dev.resource.delete_namespaced_resource_claim(name, EXTRA_NAMESPACE)
+    wait_until(lambda: name not in {c["metadata"]["name"] for c in dev.claims(EXTRA_NAMESPACE)}, 60,
+               what=f"claim {EXTRA_NAMESPACE}/{name} gone")
+
+
 def request(name: str, family: str, count: int = 1, selectors: list[str] | None = None) -> dict:
     exactly = {"deviceClassName": DEFAULT_DRIVER_NAMES.class_name(family), "count": count}
     if selectors:
@@ -159,7 +170,26 @@ def wait_running(dev: DevCluster, ns: str, name: str, timeout: float = 90) -> di
         node = dev.nodes.get(pod["spec"].get("nodeName") or "")
         logs = "" if node is None else f"\nkubelet log:\n{node.kubelet.log_tail(20)}" + "".join(
             f"\n{f} driver log:\n{d.log_tail(15)}" for f, d in node.drivers.items())
-        raise AssertionError(f"{exc}; status {json.dumps(pod.get('status'))[:1500]}{logs}") from exc
+        wanted = (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
+        raise AssertionError(f"{exc}; status {json.dumps(pod.get('status'))[:1500]}{logs}"
+                             f"{pool_report(dev, wanted) if wanted else ''}") from exc
+
+
+def pool_report(dev: DevCluster, pool: str) -> str:
+    """Why a claim may not fit on a node: its pools' slices (generation, count) and who holds which device."""
+    lines = [f"\npools of {pool}:"]
+    for s in dev.slices():
+        if s["spec"]["pool"]["name"] == pool:
+            p = s["spec"]["pool"]
+            lines.append(f"  slice {s['metadata']['name']} {s['spec']['driver']} generation {p['generation']} "
+                         f"count {p['resourceSliceCount']} devices {len(s['spec']['devices'])}")
+    for ns in (SAMPLES_NAMESPACE, EXTRA_NAMESPACE):
+        for c in dev.claims(ns):
+            results = (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+            held = [r["device"] for r in results if r["pool"] == pool]
+            if held:
+                lines.append(f"  {ns}/{c['metadata']['name']}: {held}")
+    return "\n".join(lines)
 
 
 def sample_pods(dev: DevCluster) -> list[dict]:
@@ -485,6 +515,7 @@ def test_driver_restarts_lose_nothing(dev, samples):
     for family, uids in before["checkpoints"].items():
         assert set(uids) <= set(after["checkpoints"][family])
     assert running_samples(dev) == samples
+    remove_extra(dev, "while-efa-down")
 
 
 def test_kubelet_restart_wipes_slices_and_drivers_republish(dev, samples):
@@ -506,6 +537,7 @@ def test_kubelet_restart_wipes_slices_and_drivers_republish(dev, samples):
     extra_pod(dev, "after-kubelet-restart", "after-kubelet-restart", node=name)
     check_prepared(dev, wait_running(dev, EXTRA_NAMESPACE, "after-kubelet-restart"))
     assert running_samples(dev) == samples
+    remove_extra(dev, "after-kubelet-restart")
 
 
 def test_api_server_restart_keeps_slices_and_drivers_recover(dev, control_plane, samples):
@@ -524,6 +556,7 @@ def test_api_server_restart_keeps_slices_and_drivers_recover(dev, control_plane,
     extra_pod(dev, "after-restart", "after-restart", node="dev-p5-1")
     check_prepared(dev, wait_running(dev, EXTRA_NAMESPACE, "after-restart"))
     assert running_samples(dev) == samples
+    remove_extra(dev, "after-restart")
 
 
 def test_deleting_the_pods_unprepares_everything(dev, samples):

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..framework.device_taints import NO_EXECUTE, TaintEffects
-from ..framework.family import DeviceFamily, HealthMonitor, LevelHealthMonitor, apply_health
-from ..framework.inventory import Inventory
+from ..framework.family import DeviceFamily
+from ..framework.inventory import Health, Inventory
 
 
 class EfaFamily(DeviceFamily):
@@ -22,20 +22,16 @@ class EfaFamily(DeviceFamily):
     device_plugin_resources = ("vpc.amazonaws.com/efa",)
     taint_effects: TaintEffects = {"link-down": NO_EXECUTE}
 
-    def discover(self, host_root: Path, *, host: object | None = None, instance_type: str | None = None,
-                 **options) -> Inventory:
+    def read_devices(self, host_root: Path, *, host: object | None = None, instance_type: str | None = None,
+                     **options) -> Inventory:
         from .discovery import discover_efas
+
+        return discover_efas(host_root, instance_type=instance_type)
+
+    def level_health(self, host_root: Path, inventory: Inventory) -> dict[str, Health]:
         from .health import efa_level_health
 
-        inventory = discover_efas(host_root, instance_type=instance_type)
-        return apply_health(inventory, efa_level_health(Path(host_root), inventory))
-
-    def health_monitor(self, host_root: Path, *, host: object | None = None, **options) -> HealthMonitor:
-        from .health import efa_level_health
-
-        root = Path(host_root)
-        return LevelHealthMonitor(lambda inventory: efa_level_health(root, inventory),
-                                  lambda: self.discover(root, host=host))
+        return efa_level_health(host_root, inventory)
 
 
 FAMILY = EfaFamily()

@@ -54,7 +54,9 @@ def apply_health(inventory: Inventory, health: dict[str, Health]) -> Inventory:
 
 
 class DeviceFamily:
-    """One device family as the framework sees it. Subclasses set the class attributes and `discover`."""
+    """One device family as the framework sees it. Subclasses set the class attributes and `read_devices`, and
+    `level_health` where their health signals are levels; a family with health events overrides `discover` and
+    `health_monitor` instead (GPU: NVML)."""
 
     name: str = ""  # the `eks-dra-driver <name>` argument
     device_plugin_resources: tuple[str, ...] = ()  # extended-resource prefixes of the family's device plugin
@@ -67,13 +69,25 @@ class DeviceFamily:
         below as `host`; None when the family needs none."""
         return None
 
-    def discover(self, host_root: Path, *, host: object | None = None, **options) -> Inventory:
-        """The family's devices in a host tree, with the health of discovery's snapshot. Never raises for bad
-        host data: a malformed device is skipped, named in `problems`, and the inventory is not ready."""
+    def read_devices(self, host_root: Path, *, host: object | None = None, **options) -> Inventory:
+        """The family's devices in a host tree, before health. Never raises for bad host data: a malformed
+        device is skipped, named in `problems`, and the inventory is not ready."""
         raise NotImplementedError
 
+    def level_health(self, host_root: Path, inventory: Inventory) -> dict[str, Health]:
+        """Each device's health from signals read afresh (no events); missing devices are healthy."""
+        return {}
+
+    def discover(self, host_root: Path, *, host: object | None = None, **options) -> Inventory:
+        """The family's devices in a host tree, with the health of discovery's snapshot."""
+        root = Path(host_root)
+        inventory = self.read_devices(root, host=host, **options)
+        return apply_health(inventory, self.level_health(root, inventory))
+
     def health_monitor(self, host_root: Path, *, host: object | None = None, **options) -> HealthMonitor:
-        return LevelHealthMonitor(lambda inventory: {}, lambda: self.discover(host_root, host=host))
+        root = Path(host_root)
+        return LevelHealthMonitor(lambda inventory: self.level_health(root, inventory),
+                                  lambda: self.discover(root, host=host))
 
     def device_setup(self, host_root: Path, host: object | None, on_tool_unavailable: ToolUnavailable) -> DeviceSetup:
         """How the node applies this family's settings at prepare time."""

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from ..framework.device_setup import DeviceSetup
 from ..framework.device_taints import NO_EXECUTE, TaintEffects
-from ..framework.family import DeviceFamily, HealthMonitor, LevelHealthMonitor, ToolUnavailable, apply_health
-from ..framework.inventory import Inventory
+from ..framework.family import DeviceFamily, ToolUnavailable
+from ..framework.inventory import Health, Inventory
 from .configs import NEURON_CONFIG_SCHEMAS
 
 
@@ -26,20 +26,16 @@ class NeuronFamily(DeviceFamily):
     config_schemas = NEURON_CONFIG_SCHEMAS
     taint_effects: TaintEffects = {"ecc-uncorrected": NO_EXECUTE, "device-lost": NO_EXECUTE}
 
-    def discover(self, host_root: Path, *, host: object | None = None, instance_type: str | None = None,
-                 **options) -> Inventory:
+    def read_devices(self, host_root: Path, *, host: object | None = None, instance_type: str | None = None,
+                     **options) -> Inventory:
         from .discovery import discover_neurons
+
+        return discover_neurons(host_root, instance_type=instance_type)
+
+    def level_health(self, host_root: Path, inventory: Inventory) -> dict[str, Health]:
         from .health import neuron_level_health
 
-        inventory = discover_neurons(host_root, instance_type=instance_type)
-        return apply_health(inventory, neuron_level_health(Path(host_root), inventory))
-
-    def health_monitor(self, host_root: Path, *, host: object | None = None, **options) -> HealthMonitor:
-        from .health import neuron_level_health
-
-        root = Path(host_root)
-        return LevelHealthMonitor(lambda inventory: neuron_level_health(root, inventory),
-                                  lambda: self.discover(root, host=host))
+        return neuron_level_health(host_root, inventory)
 
     def device_setup(self, host_root: Path, host: object | None, on_tool_unavailable: ToolUnavailable) -> DeviceSetup:
         from .setup import NeuronSetup
