@@ -27,6 +27,7 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
+
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:

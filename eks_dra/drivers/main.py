@@ -177,7 +177,7 @@ def _start_driver(cfg, servers, args: argparse.Namespace):
     except Exception as exc:  # noqa: BLE001 - bad kubeconfig / not in a cluster: one clear line
         raise _StartError(2, f"error: cannot configure the Kubernetes client: {exc}") from None
     family = get_family(cfg.family)
-    monitor = family.health_monitor(cfg.host_root)
+    monitor = family.health_monitor(cfg.host_root, host=cfg.family_host)
 
     def inventory_source():
         return family.discover(cfg.host_root, host=cfg.family_host)

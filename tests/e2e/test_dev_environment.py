@@ -457,10 +457,7 @@ def test_bad_opaque_config_fails_prepare_with_the_field_named(dev, samples):
     node = dev.nodes["dev-g6e-0"]
     assert not [name for name in node.cdi_specs() if uid in name]
     assert uid not in node.drivers["gpu"].checkpoint_claims()
-    dev.core.delete_namespaced_pod("bad-config", EXTRA_NAMESPACE)
-    wait_until(lambda: not [p for p in dev.pods(EXTRA_NAMESPACE) if p["metadata"]["name"] == "bad-config"], 60,
-               what="the bad-config pod gone")
-    dev.resource.delete_namespaced_resource_claim("bad-config", EXTRA_NAMESPACE)
+    remove_extra(dev, "bad-config")
 
 
 def node_state(dev: DevCluster, name: str) -> dict:
@@ -701,9 +698,8 @@ def test_corpus_claims_run_on_our_drivers(dev):
                        interval=0.5, what=f"{name}: {pod_name} gone")
         dev.core.delete_namespace(ns)
         wait_until(lambda ns=ns: not dev.pods(ns), 90, interval=0.5, what=f"{name}: pods gone")
-        # Until its claims are gone the scheduler still counts their devices allocated (later tests need them).
-        wait_until(lambda ns=ns: not dev.resource.list_namespaced_resource_claim(ns).items, 90, interval=0.5,
-                   what=f"{name}: claims gone")
+        # Until its claims are gone the scheduler still counts their devices allocated (the next files need them).
+        wait_until(lambda ns=ns: not dev.claims(ns), 90, interval=0.5, what=f"{name}: claims gone")
     assert ran >= 16  # every allocatable claim of the non-MIG corpus ran
     for node in dev.nodes.values():
         wait_until(lambda n=node: n.cdi_specs() == {}, 60, what=f"{node.name}: every corpus claim unprepared")

@@ -14,7 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the model is imported after the sockets serve, by discovery
     from eks_dra.devices import Device
@@ -73,8 +73,8 @@ class Inventory:
         return {d.device.name: d for d in self.devices}
 
 
-InventorySource = Callable[[], Any]  # () -> Inventory
-HealthSource = Callable[[Any], dict[str, tuple[bool, str]]]  # (fresh inventory or None) -> {device: health}
+InventorySource = Callable[[], Inventory]  # the family's discovery
+HealthSource = Callable[[Inventory | None], dict[str, Health]]  # (fresh inventory or None) -> {device: health}
 
 
 @dataclass(frozen=True)
@@ -92,14 +92,14 @@ class InventoryView:
         self.source = source
         self.health_source = health
         self.taint = taint
-        self._inventory = None
+        self._inventory: Inventory | None = None
         self._lock = threading.Lock()
         self.ready = False
         self.reason = "not discovered yet"
         self.common_device_nodes: list[str] = []
         self.common_edits: dict = {}  # spec-level CDI edits of the family
-        self.devices: dict[str, Any] = {}  # name -> DiscoveredDevice
-        self.health: dict[str, tuple[bool, str]] = {}  # name -> (effective healthy, reason)
+        self.devices: dict[str, DiscoveredDevice] = {}
+        self.health: dict[str, Health] = {}  # name -> (effective healthy, reason)
         self.polls = 0
 
     def refresh(self, rediscover: bool = True) -> tuple[bool, list[HealthChange]]:
@@ -111,7 +111,7 @@ class InventoryView:
             reported.update(self.health_source(inv if fresh else None))
         self._inventory = inv
         devices = {d.device.name: d for d in inv.devices}
-        health: dict[str, tuple[bool, str]] = {}
+        health: dict[str, Health] = {}
         for name, d in devices.items():
             healthy, reason = reported.get(name, (True, ""))
             parent = reported.get(d.parent) if d.parent else None
