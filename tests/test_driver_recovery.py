@@ -188,8 +188,11 @@ def test_orphan_cleaned_within_one_interval(node_env):
     stray = spec_path(node, GPU, "0b0b0b0b-0000-4000-8000-000000000000")
     stray.write_text(spec_path(node, GPU, claim["metadata"]["uid"]).read_text())
     kube.delete_claim("default", claim["metadata"]["name"])  # force-deleted pod and claim
-    wait_for(lambda: claim["metadata"]["uid"] not in d.store.load().claims and not stray.exists(), timeout=2.5,
-             what="orphans cleaned")
+    # the pass removes, then counts and reports: wait for the counts too, or a look in between sees 0
+    wait_for(lambda: claim["metadata"]["uid"] not in d.store.load().claims and not stray.exists()
+             and d.metrics.value("eks_dra_orphans_cleaned_total", kind="cdi_spec") >= 1
+             and sum(1 for _, r, _ in d.events.sent if r == "OrphanCleaned") >= 2, timeout=2.5,
+             what="orphans cleaned, counted and reported")
     assert not spec_path(node, GPU, claim["metadata"]["uid"]).exists()
     assert d.metrics.value("eks_dra_orphans_cleaned_total", kind="claim") == 1
     assert d.metrics.value("eks_dra_orphans_cleaned_total", kind="cdi_spec") == 1
