@@ -180,3 +180,25 @@ def test_a_failing_nvml_never_breaks_the_poll(tmp_path):
     assert _unhealthy(monitor.poll()) == {}
     nvml.health_by_uuid[nvml.gpu_list[0].uuid] = NvmlHealth(error="GPU is lost")
     assert len(_unhealthy(monitor.poll())) == 4  # gpu-0's four 1g.20gb instances
+
+
+def test_gpu_monitor_loads_nvml_from_the_driver_root(tmp_path, monkeypatch):
+    """A real-node tree whose driver lives under /run/nvidia/driver: the monitor asks that root for NVML
+    (as discovery does), not the container's default library path, and the failure names the root."""
+    import shutil
+
+    from eks_dra.drivers.framework.hosttree import FIXTURE_DIR
+    from eks_dra.drivers.gpu import nvml as nvml_module
+    from eks_dra.drivers.gpu.host import GpuHost
+
+    root = write_fixture("p5.48xlarge", tmp_path / "h", node_name=NODE)
+    shutil.rmtree(root / FIXTURE_DIR)  # no fixture marker: the monitor loads NVML itself, as on a node
+    for name, value in (("_shared", None), ("_shared_error", ""), ("_shared_failed_at", 0.0)):
+        monkeypatch.setattr(nvml_module, name, value)
+    host = GpuHost.for_node(root, "/run/nvidia/driver")
+    reports: list[tuple[str, str]] = []
+    host.on_unavailable = lambda tool, message: reports.append((tool, message))
+    monitor = health_monitor("gpu", root, host=host)
+    monitor.refresh(discover("gpu", root, NODE, nvml=FakeNvml.from_facts(node_facts("p5.48xlarge", NODE))))
+    assert [tool for tool, _ in reports] == ["nvml"]
+    assert f"driver root {root / 'run/nvidia/driver'}" in reports[0][1]

@@ -22,6 +22,7 @@ from eks_dra.devices import gpu as gpu_model
 from ..framework.hosttree import is_fixture, read_optional
 from ..framework.inventory import HEALTHY, Fault, Health, Inventory
 from .discovery import FIXTURE_XID_DIR, discover_gpus, number_migs, nvml_migs
+from .host import GpuHost
 from .nvml import NvmlBackend, NvmlHealth
 
 IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
@@ -94,10 +95,13 @@ class GpuHealthMonitor:
     after the driver re-discovers. Each poll re-reads only the health signals.
     """
 
-    def __init__(self, host_root: Path, nvml: NvmlBackend | None = None, *,
+    def __init__(self, host_root: Path, nvml: NvmlBackend | None = None, *, gpu_host: GpuHost | None = None,
                  xid_hold_s: float = DEFAULT_XID_HOLD_S, ignored_xids: frozenset[int] = IGNORED_XIDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.host_root = Path(host_root)
+        # NVML comes from the same driver root as discovery's (a node whose libnvidia-ml.so.1 is not on the
+        # container's library path, e.g. Bottlerocket's, has no other)
+        self.gpu_host = gpu_host or GpuHost.for_node(self.host_root)
         self._nvml = nvml
         self._auto_nvml = nvml is None and not is_fixture(self.host_root)
         self.xid_hold_s = xid_hold_s
@@ -112,11 +116,9 @@ class GpuHealthMonitor:
     def refresh(self, inventory: Inventory | None = None) -> None:
         """Take the topology from `inventory` (the driver's latest discovery) or discover it again."""
         if self._auto_nvml and self._nvml is None:
-            from .nvml import shared_nvml
-
-            self._nvml, _ = shared_nvml()
+            self._nvml = self.gpu_host.nvml()
         if inventory is None:
-            inventory, _ = discover_gpus(self.host_root, nvml=self._nvml)
+            inventory, _ = discover_gpus(self.host_root, nvml=self._nvml, gpu_host=self.gpu_host)
         self._inventory = inventory
         migs = sorted(d.device.name for d in inventory.devices if d.parent)
         if self._nvml is not None and migs != self._gi_ids_for:
