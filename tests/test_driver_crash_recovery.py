@@ -14,7 +14,7 @@ from drivers.harness import Sandbox, connect, kubelet_for, make_claim, wait_for
 
 from eks_dra.devices.names import DEFAULT_DRIVER_NAMES
 from eks_dra.devices.names import GPU_CONFIG_API_VERSION as GPU_API_VERSION
-from eks_dra.drivers.framework.driver import read_boot_id
+from eks_dra.drivers.framework.hosttree import read_boot_id
 
 GPU = DEFAULT_DRIVER_NAMES.gpu
 RECOVERY_POINTS = ("recovery.preserved", "recovery.replaced", "recovery.completed", "recovery.reserved",

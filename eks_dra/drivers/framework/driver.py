@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
 
 from . import crashpoints
 from .cdi import CdiDir
@@ -31,6 +30,7 @@ from .device_taints import taint_for
 from .driver_config import DriverConfig
 from .events import EventRecorder
 from .family import DeviceFamily
+from .hosttree import read_boot_id
 from .inventory import HealthSource, InventorySource, InventoryView
 from .kube import ApiError
 from .lock import NodeLock
@@ -43,21 +43,8 @@ from .safety import device_plugin_conflict
 from .state import ClaimRef, DeviceState
 
 log = logging.getLogger(__name__)
-BOOT_ID = Path("proc/sys/kernel/random/boot_id")
-
-
 class FatalError(Exception):
     """The driver must not run (exit code 3); the message says why and what to do."""
-
-
-def read_boot_id(host_root: Path) -> str:
-    """The host's boot id (kernel-wide, so the container's own /proc has it too)."""
-    for path in (host_root / BOOT_ID, Path("/") / BOOT_ID):
-        try:
-            return path.read_text().strip()
-        except OSError:
-            continue
-    return "unknown"
 
 
 class Driver:

@@ -22,6 +22,7 @@ from eks_dra.catalog import INSTANCE_TYPES, InstanceType, PciLocation
 # Present only in host trees written by `eks-dra fixture`; never on a node (see fixture.py).
 FIXTURE_DIR = Path("var/lib/eks-dra/fixture")
 DMI_PRODUCT_NAME = Path("sys/devices/virtual/dmi/id/product_name")
+BOOT_ID = Path("proc/sys/kernel/random/boot_id")
 
 _PCIE_ROOT_RE = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 _BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -63,6 +64,16 @@ def read_optional(path: Path, default: str | None = None) -> str | None:
         return path.read_text().strip()
     except (OSError, UnicodeDecodeError):
         return default
+
+
+def read_boot_id(host_root: Path) -> str:
+    """The host's boot id (kernel-wide, so the container's own /proc has it too)."""
+    for path in (host_root / BOOT_ID, Path("/") / BOOT_ID):
+        try:
+            return path.read_text().strip()
+        except OSError:
+            continue
+    return "unknown"
 
 
 def read_hex(path: Path) -> int:

@@ -10,24 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..framework.hosttree import BOOT_ID, read_optional
+
 MARKER = Path("var/lib/eks-dra/mig-partitioned")
-BOOT_ID = Path("proc/sys/kernel/random/boot_id")
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
 
 
 def partitioned(host_root: Path) -> tuple[bool, str]:
     """(whether this boot's partitioning has finished, why not)."""
-    marker = _read(host_root / MARKER)
+    marker = read_optional(host_root / MARKER)
     if marker is None:
         return False, f"MIG devices not published: the boot-time partitioning marker /{MARKER} is missing " \
                       "(partitioning not finished yet)"
-    boot_id = _read(host_root / BOOT_ID)
+    boot_id = read_optional(host_root / BOOT_ID)
     if boot_id is not None and marker != boot_id:
         return False, f"MIG devices not published: /{MARKER} is from an earlier boot ({marker[:36]}, this boot " \
                       f"is {boot_id[:36]}); partitioning has not run in this boot yet"
@@ -38,4 +32,4 @@ def write_marker(host_root: Path) -> None:
     """What the partitioning script's last line does (fixture trees)."""
     path = host_root / MARKER
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text((_read(host_root / BOOT_ID) or "") + "\n")
+    path.write_text((read_optional(host_root / BOOT_ID) or "") + "\n")
