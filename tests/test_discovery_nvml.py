@@ -226,6 +226,19 @@ def test_shared_nvml_retries_after_a_failure(monkeypatch):
     assert isinstance(nvml.shared_nvml()[0], Nvml)
 
 
+def test_shared_nvml_error_belongs_to_its_library(monkeypatch, tmp_path):
+    """A failure for one library path is not the answer for another: that one is tried at once."""
+    sim = SimulatedNvml(library_present=False)
+    sim.install(monkeypatch)
+    monkeypatch.setattr(nvml, "_shared", None)
+    monkeypatch.setattr(nvml, "_shared_error", "")
+    assert "loader search path" in nvml.shared_nvml()[1]
+    library = tmp_path / "driver/usr/lib64/libnvidia-ml.so.1"
+    backend, why = nvml.shared_nvml(library)
+    assert backend is None and why.startswith(f"cannot load {library}")  # tried, not the first error again
+    assert nvml.shared_nvml(library)[1] == why  # and that one is not retried on every call either
+
+
 def test_normalize_bus_id():
     assert normalize_bus_id("00000000:8A:00.0") == "0000:8a:00.0"
     assert normalize_bus_id("0008:01:00.0") == "0008:01:00.0"

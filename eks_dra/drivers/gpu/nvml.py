@@ -252,18 +252,20 @@ RETRY_AFTER_S = 10.0  # a plugin may start before the driver: try nvmlInit again
 _shared: Nvml | None = None
 _shared_error = ""
 _shared_failed_at = 0.0
+_shared_failed_for: Path | None = None  # the library the last failure was for: another one is tried at once
 _shared_lock = threading.Lock()
 
 
 def shared_nvml(library: Path | None = None) -> tuple[Nvml | None, str]:
     """The process's NVML (initialised once, from `library` when given), or (None, why not)."""
-    global _shared, _shared_error, _shared_failed_at
+    global _shared, _shared_error, _shared_failed_at, _shared_failed_for
     with _shared_lock:
-        retry = not _shared_error or time.monotonic() - _shared_failed_at >= RETRY_AFTER_S
+        retry = (not _shared_error or library != _shared_failed_for
+                 or time.monotonic() - _shared_failed_at >= RETRY_AFTER_S)
         if _shared is None and retry:
             try:
                 _shared = Nvml(library)
                 _shared_error = ""
             except NvmlUnavailable as exc:
-                _shared_error, _shared_failed_at = str(exc), time.monotonic()
+                _shared_error, _shared_failed_at, _shared_failed_for = str(exc), time.monotonic(), library
         return _shared, _shared_error
