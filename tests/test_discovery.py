@@ -17,7 +17,6 @@ from eks_dra.drivers.fixture import add_devices, remove_devices, unload_driver, 
 from eks_dra.drivers.framework import hosttree
 from eks_dra.drivers.framework.hosttree import DiscoveryError, pcie_root
 from eks_dra.drivers.gpu import discovery as gpu_discovery
-from eks_dra.drivers.gpu import nvml as nvml_module
 from eks_dra.drivers.gpu.host import GpuHost
 
 NODE = "ip-10-0-1-23.ec2.internal"
@@ -232,16 +231,15 @@ def test_mig_mode_without_mig_devices_is_not_ready(tmp_path):
     assert not inventory.ready and "MIG mode is on for GPU" in inventory.reason
 
 
-def test_real_node_mig_without_nvml_is_not_ready(tmp_path, monkeypatch):
+def test_real_node_mig_without_nvml_is_not_ready(tmp_path, fresh_shared_nvml):
     root = write_fixture("p5.48xlarge", tmp_path / "h", node_name=NODE, mig_profile="1g.10gb")
     # Make the tree look like a real node whose NVML does not load: no fixture marker, no NVML.
     (root / gpu_discovery.FIXTURE_MIG_FILE).unlink()
     for f in (root / hosttree.FIXTURE_DIR).iterdir():
         f.unlink()
     (root / hosttree.FIXTURE_DIR).rmdir()
-    # The real loading path: the fixture's libnvidia-ml.so.1 is a code-free ELF that dlopen() refuses.
-    for name, value in (("_shared", None), ("_shared_error", ""), ("_shared_failed_at", 0.0)):
-        monkeypatch.setattr(nvml_module, name, value)
+    # The real loading path (fresh_shared_nvml): the fixture's libnvidia-ml.so.1 is a code-free ELF that dlopen()
+    # refuses.
     host = GpuHost.for_node(root)
     reports: list[tuple[str, str]] = []
     host.on_unavailable = lambda tool, message: reports.append((tool, message))

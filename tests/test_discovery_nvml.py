@@ -214,11 +214,9 @@ def test_real_library_or_a_clear_refusal():
     assert gpus and all(g.uuid.startswith("GPU-") and g.memory_mib > 0 for g in gpus)
 
 
-def test_shared_nvml_retries_after_a_failure(monkeypatch):
+def test_shared_nvml_retries_after_a_failure(monkeypatch, fresh_shared_nvml):
     sim = SimulatedNvml(library_present=False)
     sim.install(monkeypatch)
-    monkeypatch.setattr(nvml, "_shared", None)
-    monkeypatch.setattr(nvml, "_shared_error", "")
     assert nvml.shared_nvml()[0] is None and "nvmlInit failed" in nvml.shared_nvml()[1]
     sim.library_present = True
     assert nvml.shared_nvml()[0] is None  # not retried on every call
@@ -226,12 +224,10 @@ def test_shared_nvml_retries_after_a_failure(monkeypatch):
     assert isinstance(nvml.shared_nvml()[0], Nvml)
 
 
-def test_shared_nvml_error_belongs_to_its_library(monkeypatch, tmp_path):
+def test_shared_nvml_error_belongs_to_its_library(monkeypatch, tmp_path, fresh_shared_nvml):
     """A failure for one library path is not the answer for another: that one is tried at once."""
     sim = SimulatedNvml(library_present=False)
     sim.install(monkeypatch)
-    monkeypatch.setattr(nvml, "_shared", None)
-    monkeypatch.setattr(nvml, "_shared_error", "")
     assert "loader search path" in nvml.shared_nvml()[1]
     library = tmp_path / "driver/usr/lib64/libnvidia-ml.so.1"
     backend, why = nvml.shared_nvml(library)

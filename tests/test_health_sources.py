@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from test_discovery_fakes import FakeNvml
 
@@ -10,7 +12,9 @@ from eks_dra.devices.neuron import neuron_device_name
 from eks_dra.drivers.efa.health import efa_port_health
 from eks_dra.drivers.families import discover, health_monitor
 from eks_dra.drivers.fixture import set_efa_port_state, set_gpu_xid, set_neuron_error, write_fixture
+from eks_dra.drivers.framework.hosttree import FIXTURE_DIR
 from eks_dra.drivers.gpu.health import GpuHealthMonitor
+from eks_dra.drivers.gpu.host import GpuHost
 from eks_dra.drivers.gpu.nvml import NvmlEvent, NvmlHealth
 from eks_dra.drivers.neuron.health import neuron_health
 
@@ -182,19 +186,11 @@ def test_a_failing_nvml_never_breaks_the_poll(tmp_path):
     assert len(_unhealthy(monitor.poll())) == 4  # gpu-0's four 1g.20gb instances
 
 
-def test_gpu_monitor_loads_nvml_from_the_driver_root(tmp_path, monkeypatch):
+def test_gpu_monitor_loads_nvml_from_the_driver_root(tmp_path, fresh_shared_nvml):
     """A real-node tree whose driver lives under /run/nvidia/driver: the monitor asks that root for NVML
     (as discovery does), not the container's default library path, and the failure names the root."""
-    import shutil
-
-    from eks_dra.drivers.framework.hosttree import FIXTURE_DIR
-    from eks_dra.drivers.gpu import nvml as nvml_module
-    from eks_dra.drivers.gpu.host import GpuHost
-
     root = write_fixture("p5.48xlarge", tmp_path / "h", node_name=NODE)
     shutil.rmtree(root / FIXTURE_DIR)  # no fixture marker: the monitor loads NVML itself, as on a node
-    for name, value in (("_shared", None), ("_shared_error", ""), ("_shared_failed_at", 0.0)):
-        monkeypatch.setattr(nvml_module, name, value)
     host = GpuHost.for_node(root, "/run/nvidia/driver")
     reports: list[tuple[str, str]] = []
     host.on_unavailable = lambda tool, message: reports.append((tool, message))

@@ -43,6 +43,8 @@ from .safety import device_plugin_conflict
 from .state import ClaimRef, DeviceState
 
 log = logging.getLogger(__name__)
+
+
 class FatalError(Exception):
     """The driver must not run (exit code 3); the message says why and what to do."""
 

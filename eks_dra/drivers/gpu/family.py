@@ -58,9 +58,8 @@ class GpuFamily(DeviceFamily):
     def health_monitor(self, host_root: Path, *, host: object | None = None, nvml=None, **options) -> HealthMonitor:
         """NVML XID/ECC events and level signals (health.GpuHealthMonitor; options xid_hold_s, clock, ...)."""
         from .health import GpuHealthMonitor
-        from .host import GpuHost
 
-        return GpuHealthMonitor(host_root, nvml, gpu_host=host if isinstance(host, GpuHost) else None, **options)
+        return GpuHealthMonitor(host_root, nvml, gpu_host=host, **options)
 
     def device_setup(self, host_root: Path, host: object | None, on_tool_unavailable: ToolUnavailable) -> DeviceSetup:
         """Time-slicing through the driver root's nvidia-smi; the host reports an unusable NVML or nvidia-smi."""

@@ -99,8 +99,8 @@ class GpuHealthMonitor:
                  xid_hold_s: float = DEFAULT_XID_HOLD_S, ignored_xids: frozenset[int] = IGNORED_XIDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.host_root = Path(host_root)
-        # NVML comes from the same driver root as discovery's (a node whose libnvidia-ml.so.1 is not on the
-        # container's library path, e.g. Bottlerocket's, has no other)
+        # NVML from the driver root, as discovery loads it: the container's own library path does not hold the
+        # host driver's libnvidia-ml.so.1
         self.gpu_host = gpu_host or GpuHost.for_node(self.host_root)
         self._nvml = nvml
         self._auto_nvml = nvml is None and not is_fixture(self.host_root)
