@@ -10,12 +10,18 @@ records its arguments.
 from __future__ import annotations
 
 import pytest
+import yaml
 from drivers.harness import DRIVERS, Sandbox, connect, make_claim
 
 from eks_dra.devices import names
+from eks_dra.devices.classes import DeviceClasses
 from eks_dra.drivers.framework.checkpoint import CheckpointStore
 from eks_dra.drivers.framework.lock import NodeLock
 from eks_dra.drivers.gpu.fixture_root import FIXTURE_SMI_LOG
+from eks_dra.planner.cel_env import CelEnvironment
+from eks_dra.planner.claims import load_manifests
+from eks_dra.planner.plan import Planner
+from eks_dra.planner.simulate import nodes_for_instance_type
 
 GPU = DRIVERS["gpu"]
 MONITORING = "monitoring"  # the adminAccess claims' namespace
@@ -181,3 +187,24 @@ def test_holder_gets_its_interval_back_from_a_checkpoint_of_the_old_rule(driver)
     assert smi_calls(node)[-1] == f"compute-policy --set-timeslice=0 -i {uuid}"
     assert set(smi_calls(node)[before + 1:]) == {f"compute-policy --set-timeslice=0 -i {uuid}"}
 
+
+def test_plan_predicts_the_admin_refusal_with_the_drivers_text(tmp_path, driver):
+    kube, node, kubelet, _ = driver
+    doc = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+           "metadata": {"name": "watch", "namespace": MONITORING},
+           "spec": {"devices": {
+               "requests": [{"name": "req", "exactly": {"deviceClassName": names.DEFAULT_DRIVER_NAMES.class_name("gpu"),
+                                                        "adminAccess": True}}],
+               "config": ts_config("Short")}}}
+    path = tmp_path / "watch.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    env = CelEnvironment()
+    manifests = load_manifests([path], env, builtin_classes=tuple(DeviceClasses({}, names.DEFAULT_DRIVER_NAMES).all()))
+    result = Planner(env, nodes_for_instance_type("p5.48xlarge", 1),
+                     config_drivers={GPU: "gpu"}).run(manifests.pods)
+    (claim,) = result.claims
+    assert not claim.allocated
+    prefix = f"prepare would fail: {GPU}: request req has adminAccess and its config sets timeSliceInterval Short on "
+    assert claim.reason.startswith(prefix + "device gpu-0:"), claim.reason
+    _, error = prepare(kube, kubelet, "gpu-0", "watch-plan", interval="Short", admin=True)
+    assert error.split(": ", 2)[2] == claim.reason.split(": ", 2)[2], (error, claim.reason)
