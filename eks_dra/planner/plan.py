@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from eks_dra.drivers.families import get_family
 from eks_dra.drivers.framework.configs import ConfigError, settings_per_request
+from eks_dra.drivers.framework.device_setup import admin_access_refusal, hardware_changes
 
 from .allocator import AllocationError, FilterTimeout, Matcher, NodeSearch
 from .cel_env import CelEnvironment
@@ -245,10 +246,16 @@ class Planner:
                 if value is not None:
                     types.setdefault(req.result_name, set()).add(str(_plain(value)))
             try:
-                settings_per_request(get_family(family), driver, list(claim.spec.configs), sorted({r.result_name for r, _ in mine}),
-                                     types, claim.spec.config_path)
+                settings = settings_per_request(get_family(family), driver, list(claim.spec.configs),
+                                                sorted({r.result_name for r, _ in mine}), types, claim.spec.config_path)
             except ConfigError as exc:
                 return f"{driver}: {exc}"
+            # The driver's one-owner rule for device settings, as far as it depends on this claim alone: which
+            # other claims hold a device when this one is prepared is known only on the node.
+            for req, dev in mine:
+                changes = hardware_changes(settings[req.result_name], get_family(family).hardware_settings)
+                if req.admin_access and changes:
+                    return f"{driver}: {admin_access_refusal(req.result_name, dev.name, changes)}"
         return None
 
     @staticmethod

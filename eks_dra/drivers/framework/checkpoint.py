@@ -108,12 +108,11 @@ class Checkpoint:
     claims: dict[str, ClaimRecord] = field(default_factory=dict)
     version_read: int = CURRENT_VERSION  # the version of the file it came from (0: no file)
 
-    def device_owner(self, device_name: str, except_uid: str = "") -> ClaimRecord | None:
-        """The claim (started or completed) holding a device, other than `except_uid`."""
-        for rec in self.claims.values():
-            if rec.uid != except_uid and any(d.device_name == device_name for d in rec.devices):
-                return rec
-        return None
+    def device_holders(self, device_name: str, except_uid: str = "") -> list[ClaimRecord]:
+        """The claims (started or completed) holding a device, other than `except_uid`: one, or more where
+        adminAccess claims share it."""
+        return [rec for rec in self.claims.values()
+                if rec.uid != except_uid and any(d.device_name == device_name for d in rec.devices)]
 
 
 def _canonical(data: dict) -> bytes:

@@ -61,6 +61,9 @@ class DeviceFamily:
     name: str = ""  # the `eks-dra-driver <name>` argument
     device_plugin_resources: tuple[str, ...] = ()  # extended-resource prefixes of the family's device plugin
     config_schemas: dict[str, ConfigSchema] = {}  # opaque config kind -> schema; empty: takes no configuration
+    # DeviceSettings keys whose apply changes the device itself (seen by every claim holding it), not only the
+    # claim's container environment: state.py lets only the device's one holder set them.
+    hardware_settings: frozenset[str] = frozenset()
     taint_effects: TaintEffects = {}  # fault kind (inventory.Fault) -> device taint effect
     tool_unavailable_reason = "ToolUnavailable"  # the Event reason when a node tool of the family is unusable
 

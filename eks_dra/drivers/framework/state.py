@@ -14,6 +14,15 @@ A crash between any two steps leaves a state that the next prepare (or the recon
 PrepareStarted record keeps its devices reserved and its settings revertible until its claim is prepared
 again or goes away; a CDI spec without a record is rewritten by the retry or removed by the reconciler.
 Unprepare: revert settings, remove the spec, drop the record; an unknown claim is not an error.
+
+Device settings are owned by one claim. A setting that changes the device itself (the family's
+`hardware_settings`: GPU time-slicing) is refused on an adminAccess request, and on a device that another
+claim holds (any record, with or without adminAccess); it is reverted only when no other claim holds the device
+(until then the revert is handed to a remaining holder, the record's settings["inherited"]). The NVIDIA driver
+(github.com/NVIDIA/k8s-dra-driver-gpu, cmd/gpu-kubelet-plugin/device_state.go) sets the interval on the GPUs of
+the claim being prepared and resets them to Default at its unprepare, and lets only adminAccess allocations
+overlap a prepared device; it applies an adminAccess claim's config too, which would let a monitoring claim
+change (and at its unprepare reset) the interval under another claim's workload: that is what this refuses.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ from .checkpoint import (
     PreparedDevice,
 )
 from .configs import ConfigError, DeviceSettings, settings_per_request
-from .device_setup import DeviceSetup, SetupError
+from .device_setup import DeviceSetup, SetupError, admin_access_refusal, describe, hardware_changes
 from .family import DeviceFamily
 from .kube import ApiError
 from .lock import LockTimeout, NodeLock
@@ -99,6 +108,16 @@ def _node_selector_names(selector: dict) -> set[str] | None:
             if req.get("key") == "metadata.name" and req.get("operator") == "In":
                 names = (names or set()) | set(req.get("values") or [])
     return names
+
+
+def _admin_only(rec: ClaimRecord, device_name: str) -> bool:
+    """Whether the record holds the device only through adminAccess results (it shares, never owns, it)."""
+    return device_name in (rec.settings.get("adminAccess") or ())
+
+
+def _admin_only_devices(results: list[tuple[str, bool]]) -> list[str]:
+    """(device, adminAccess) results -> the devices held only with adminAccess, as the record stores them."""
+    return sorted({d for d, admin in results if admin} - {d for d, admin in results if not admin})
 
 
 class DeviceState:
@@ -206,8 +225,8 @@ class DeviceState:
         claim until the next reconcile pass. Completed claims are never released here (the kubelet has not
         unprepared them: a real double allocation, refused by commit)."""
         cp = self.store.load()  # a hint only: commit re-checks every owner under the lock
-        owners = {o.uid: o for p in planned if (o := cp.device_owner(p.device_name, ref.uid)) is not None
-                  and not o.completed and o.namespace and o.name}
+        owners = {o.uid: o for p in planned for o in cp.device_holders(p.device_name, ref.uid)
+                  if not o.completed and o.namespace and o.name}
         for owner in owners.values():
             try:
                 other = self.api.get_claim(owner.namespace, owner.name)
@@ -274,8 +293,11 @@ class DeviceState:
         for d in devices:
             d.request_names = [request_of[d.device_name].split("/", 1)[0]]
         rec.namespace, rec.name, rec.devices = str(meta.get("namespace", "")), str(meta.get("name", "")), devices
+        admin = _admin_only_devices([(str(r.get("device")), bool(r.get("adminAccess"))) for r in results])
+        inherited = rec.settings.get("inherited")
         rec.settings = {"requested": {d.device_name: settings[request_of[d.device_name]].to_json() for d in devices},
-                        "applied": applied}
+                        "applied": applied, **({"adminAccess": admin} if admin else {}),
+                        **({"inherited": inherited} if inherited else {})}
         rec.cdi_spec = self.cdi.path(rec.uid).name
         rec.incomplete = False
 
@@ -288,7 +310,10 @@ class DeviceState:
                    for r in self._our_results(claim)]
         if not devices:
             return False
-        cp.claims[ref.uid] = ClaimRecord(ref.uid, ref.namespace, ref.name, PREPARE_STARTED, devices, "", {})
+        admin = _admin_only_devices([(str(r.get("device")), bool(r.get("adminAccess")))
+                                     for r in self._our_results(claim)])
+        cp.claims[ref.uid] = ClaimRecord(ref.uid, ref.namespace, ref.name, PREPARE_STARTED, devices, "",
+                                         {"adminAccess": admin} if admin else {})
         return True
 
     def plan(self, ref: ClaimRef, claim: dict) -> list[PlannedDevice]:
@@ -371,15 +396,23 @@ class DeviceState:
             self.ensure_spec(rec)
             return rec.devices, False
         for p in planned:
-            owner = cp.device_owner(p.device_name, except_uid=ref.uid)
+            # Only adminAccess allocations may overlap (as in the NVIDIA driver and the scheduler, which does not
+            # count them as using a device).
+            owner = next((h for h in cp.device_holders(p.device_name, ref.uid) if not _admin_only(h, p.device_name)), None)
             if owner is not None and not p.admin_access:
                 raise ClaimError(f"device {p.device_name} is already prepared for claim {owner.ref()}; refusing a "
                                  "double allocation")
+        self._check_settings_owner(cp, ref, planned)
         prepared = [PreparedDevice([p.request.split("/", 1)[0]], self.node_name, p.device_name,
                                    [cdi_mod.qualified_name(self.driver, ref.uid, p.device_name)]) for p in planned]
         requested = {p.device_name: p.settings.to_json() for p in planned}
-        rec = ClaimRecord(ref.uid, ref.namespace, ref.name, PREPARE_STARTED, prepared, "",
-                          {"requested": requested})
+        settings: dict = {"requested": requested}
+        if admin := _admin_only_devices([(p.device_name, p.admin_access) for p in planned]):
+            settings["adminAccess"] = admin
+        previous = cp.claims.get(ref.uid)  # a prepare that failed before: it may hold a revert handed to it
+        if previous is not None and previous.settings.get("inherited"):
+            settings["inherited"] = previous.settings["inherited"]
+        rec = ClaimRecord(ref.uid, ref.namespace, ref.name, PREPARE_STARTED, prepared, "", settings)
         cp.claims[ref.uid] = rec
         crashpoints.reached("prepare.started")
         if self.setup.changes_hardware(p.settings for p in planned):
@@ -394,6 +427,26 @@ class DeviceState:
         rec.state = PREPARE_COMPLETED
         return prepared, True
 
+    def _check_settings_owner(self, cp: Checkpoint, ref: ClaimRef, planned: list[PlannedDevice]) -> None:
+        """A device-changing setting only from a request without adminAccess, on a device no other claim holds
+        (the module's rule): otherwise it would change the device under another claim's workload."""
+        for p in planned:
+            changes = hardware_changes(p.settings, self.family.hardware_settings)
+            if not changes:
+                continue
+            holders = cp.device_holders(p.device_name, ref.uid)
+            if p.admin_access:
+                in_use = f" (device {p.device_name} is in use by claim {holders[0].ref()})" if holders else ""
+                raise ClaimError(admin_access_refusal(p.request, p.device_name, changes) + in_use)
+            if holders:
+                other = holders[0]
+                how = " with adminAccess" if _admin_only(other, p.device_name) else ""
+                raise ClaimError(f"request {p.request} sets {describe(changes)} on device {p.device_name}, which "
+                                 f"claim {other.ref()} also holds{how}: a device's settings belong to the one claim "
+                                 "holding it, and this would change them under that claim's workload; retry once "
+                                 "that claim is unprepared (its pods gone), or remove the setting from this claim's "
+                                 "config")
+
     def _apply(self, rec: ClaimRecord) -> None:
         """Apply the record's device settings and write its CDI spec (also used after a reboot)."""
         pairs, edits = [], []
@@ -402,7 +455,7 @@ class DeviceState:
             discovered, _ = self.inventory.get(d.device_name)
             if discovered is None:
                 raise ClaimError(f"device {d.device_name} is no longer present on node {self.node_name}")
-            settings = DeviceSettings.from_json(rec.settings.get("requested", {}).get(d.device_name, {}))
+            settings = self._requested(rec, d.device_name)
             pairs.append((discovered.device, settings))
             device_env = {}
             for key, value in discovered.env.items():
@@ -471,7 +524,7 @@ class DeviceState:
         cp = self.store.load()
         rec = cp.claims.get(uid)
         if rec is not None:
-            self.setup.revert(rec.settings.get("applied") or {})
+            self._revert_settings(cp, rec)
         self.cdi.remove(uid)  # also when unrecorded: a crash may have left the spec behind
         crashpoints.reached("unprepare.spec_removed")
         if rec is not None:
@@ -479,6 +532,37 @@ class DeviceState:
             self.store.save(cp)
         self.metrics.prepared_claims.labels(self.driver).set(len(cp.claims))
         return rec
+
+    def _revert_settings(self, cp: Checkpoint, rec: ClaimRecord) -> None:
+        """Revert what the claim applied (and the reverts handed to it) on the devices no other claim holds.
+
+        On a device still held, nothing changes under the remaining holder: its revert goes to that holder (the
+        one that asked for device settings there, if any), to be done when the last holder leaves. A holder that
+        asked for device settings gets them again: they can differ from the leaving claim's only in a checkpoint
+        written before this rule (an adminAccess claim that changed them).
+        """
+        heirs: dict[str, ClaimRecord] = {}
+        for d in rec.devices:
+            holders = cp.device_holders(d.device_name, rec.uid)
+            if holders:
+                heirs[d.device_name] = next((h for h in holders if self._device_changes(h, d.device_name)), holders[0])
+        handed: dict[str, list[dict]] = {}
+        for applied in [rec.settings.get("applied") or {}, *(rec.settings.get("inherited") or [])]:
+            for device_name, piece in self.setup.revert(applied, keep=heirs.keys()).items():
+                handed.setdefault(device_name, []).append(piece)
+        for device_name, pieces in handed.items():
+            heir = heirs[device_name]
+            heir.settings.setdefault("inherited", []).extend(pieces)
+            discovered, _ = self.inventory.get(device_name)
+            if heir.completed and discovered is not None and self._device_changes(heir, device_name):
+                self.setup.apply([(discovered.device, self._requested(heir, device_name))])
+
+    @staticmethod
+    def _requested(rec: ClaimRecord, device_name: str) -> DeviceSettings:
+        return DeviceSettings.from_json(rec.settings.get("requested", {}).get(device_name, {}))
+
+    def _device_changes(self, rec: ClaimRecord, device_name: str) -> dict[str, object]:
+        return hardware_changes(self._requested(rec, device_name), self.family.hardware_settings)
 
     # ----- after a reboot or a lost checkpoint
     def reapply_all(self, cp: Checkpoint, boot_id: str) -> int:

@@ -16,6 +16,8 @@ from ..framework.configs import ConfigError, ConfigSchema, DeviceSettings, check
 
 TIME_SLICE_INTERVAL = "timeSliceInterval"  # the DeviceSettings key (and the checkpoint's)
 TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
+# The time-slice interval is a property of the physical GPU (nvidia-smi compute-policy), not of one container.
+HARDWARE_SETTINGS = frozenset({TIME_SLICE_INTERVAL})
 
 
 def _sharing(sharing: object, where: str, time_slicing_config: bool) -> str | None:

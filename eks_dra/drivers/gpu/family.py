@@ -21,13 +21,14 @@ from ..framework.device_setup import DeviceSetup
 from ..framework.device_taints import NO_EXECUTE, NO_SCHEDULE, TaintEffects
 from ..framework.family import DeviceFamily, HealthMonitor, ToolUnavailable, apply_health
 from ..framework.inventory import Inventory
-from .configs import GPU_CONFIG_SCHEMAS
+from .configs import GPU_CONFIG_SCHEMAS, HARDWARE_SETTINGS
 
 
 class GpuFamily(DeviceFamily):
     name = "gpu"
     device_plugin_resources = ("nvidia.com/gpu", "nvidia.com/mig-")
     config_schemas = GPU_CONFIG_SCHEMAS
+    hardware_settings = HARDWARE_SETTINGS
     taint_effects: TaintEffects = {
         "xid": NO_EXECUTE,
         "ecc-uncorrected": NO_EXECUTE,

@@ -8,7 +8,7 @@ chosen by `for_node`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 from eks_dra.devices import gpu as gpu_attrs
@@ -55,12 +55,16 @@ class GpuSetup(DeviceSetup):
             out[device.name] = {"timeSliceInterval": interval, "uuid": uuid}
         return {}, ({"mode": self.mode, "devices": out} if out else {})
 
-    def revert(self, applied: dict) -> None:
-        if not self.runner:
-            return
-        for entry in applied.get("devices", {}).values():
-            if entry.get("timeSliceInterval", "Default") != "Default" and entry.get("uuid"):
+    def revert(self, applied: dict, keep: Collection[str] = frozenset()) -> dict[str, dict]:
+        """Back to the Default interval, as the NVIDIA driver's unprepare does (cmd/gpu-kubelet-plugin/
+        device_state.go, unprepareDevices), on every device not in `keep`."""
+        kept = {}
+        for name, entry in applied.get("devices", {}).items():
+            if name in keep:
+                kept[name] = {"mode": applied.get("mode", self.mode), "devices": {name: entry}}
+            elif self.runner and entry.get("timeSliceInterval", "Default") != "Default" and entry.get("uuid"):
                 self._set_timeslice(entry["uuid"], "Default")
+        return kept
 
     def _set_timeslice(self, uuid: str, interval: str) -> None:
         assert self.runner is not None

@@ -1,5 +1,9 @@
 """Neuron settings at prepare time: the logical-core setting is the Neuron runtime's environment
-(`NEURON_LOGICAL_NC_CONFIG`, `NEURON_RT_VISIBLE_CORES`), carried in the claim's CDI spec."""
+(`NEURON_LOGICAL_NC_CONFIG`, `NEURON_RT_VISIBLE_CORES`), carried in the claim's CDI spec.
+
+Nothing here changes the device: each container's runtime reads its own environment, so a NeuronConfig never
+touches another claim holding the same device (NeuronFamily.hardware_settings stays empty, and an adminAccess
+claim may carry one). Nothing is reverted at unprepare."""
 
 from __future__ import annotations
 
