@@ -106,7 +106,7 @@ def test_driver_daemon_set_follows_the_runtime_contract() -> None:
         assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
         assert env["HOST_ROOT"] == "/host" and env["CDI_ROOT"] == "/var/run/cdi"
         assert env["HEALTH_PORT"] == str(HEALTH_PORTS[family])
-        assert c["livenessProbe"]["grpc"] == {"port": HEALTH_PORTS[family], "service": "liveness"}
+        assert c["livenessProbe"]["httpGet"] == {"port": HEALTH_PORTS[family], "path": "/livez"}
         assert pod["priorityClassName"] == "system-node-critical"
         assert not pod.get("hostNetwork"), "surge pods of a rolling update would collide on host ports"
         mounts = {m["mountPath"]: m for m in c["volumeMounts"]}

@@ -12,12 +12,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import grpc
 import pytest
 from drivers.harness import DRIVERS, REPO, Sandbox, connect, make_claim, wait_for
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from eks_dra.drivers.framework.checkpoint import CheckpointStore
 from eks_dra.drivers.framework.readiness import taint_key
@@ -111,13 +111,17 @@ def test_liveness_and_metrics_endpoints(proc_env):
     wait_for(lambda: len(kube.slices_of("node-a", GPU)) == 1, what="slices")
     claim = kube.put_claim(make_claim(GPU, "node-a", ["gpu-1"]))
     assert k.prepare([claim])[claim["metadata"]["uid"]].error == ""
-    with grpc.insecure_channel(f"127.0.0.1:{health_port}") as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
-        resp = stub.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=10)
-        assert resp.status == health_pb2.HealthCheckResponse.SERVING
-        (node.plugins / GPU / "dra.sock").unlink()  # the DRA socket is gone: not alive any more
-        resp = stub.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=20)
-        assert resp.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    def livez() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/livez", timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    wait_for(lambda: livez()[0] == 200, timeout=10, what="liveness passes")
+    (node.plugins / GPU / "dra.sock").unlink()  # the DRA socket is gone: not alive any more
+    wait_for(lambda: livez()[0] == 503, timeout=20, what="liveness fails")
+    assert "UNAVAILABLE" in livez()[1]
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
     assert f'eks_dra_prepare_total{{driver="{GPU}",result="ok"}} 1.0' in text
     assert f'eks_dra_published_devices{{driver="{GPU}"}} 8.0' in text

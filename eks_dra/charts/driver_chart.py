@@ -7,19 +7,20 @@ nothing of the environment: the composition (eks_dra/stacks/manifests.py) passes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cdk8s
 from cdk8s_plus_34 import k8s
 from constructs import Construct
 
 from . import labels
+from .network_policy import DriverNetworkPolicy, MetricsScrapers
 
 DEFAULT_IMAGE = "eks-dra-driver:0.1.0"
-# Driver runtime contract (CONTRACTS.md): the health port each family's driver serves grpc.health.v1 on.
+# Driver runtime contract (CONTRACTS.md): the health port each family's driver serves its liveness on.
 HEALTH_PORTS = {"gpu": 51515, "efa": 51516, "neuron": 51517}
 METRICS_PORTS = {"gpu": 51525, "efa": 51526, "neuron": 51527}
-LIVENESS_SERVICE = "liveness"
+LIVENESS_PATH = "/livez"  # HTTP GET on the health port (eks_dra/drivers/framework/health.py says why HTTP)
 
 KUBELET_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 KUBELET_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
@@ -52,6 +53,8 @@ class DriverSettings:
     # (DRADeviceTaints) and the kubelet's device-health stream (ResourceHealthStatus).
     device_taints: bool = False
     dra_health: bool = False
+    # Who may reach the metrics port (the NetworkPolicy); nobody else reaches the pods over the network.
+    metrics_scrapers: MetricsScrapers = field(default_factory=MetricsScrapers)
 
     @property
     def name(self) -> str:
@@ -101,6 +104,9 @@ class DriverChart(cdk8s.Chart):
         self._slice_policy(meta_labels)
         self._taint_policy(meta_labels)
         self.daemon_set = self._daemon_set(meta_labels)
+        self.network_policy = DriverNetworkPolicy(
+            self, "network-policy", name=s.name, namespace=s.namespace, pod_labels={"app.kubernetes.io/name": s.name},
+            metrics_port=s.metrics_port, scrapers=s.metrics_scrapers, labels=meta_labels)
 
     # --- identity ---------------------------------------------------------------------------
 
@@ -270,7 +276,7 @@ class DriverChart(cdk8s.Chart):
             ports=[k8s.ContainerPort(name="health", container_port=s.health_port, protocol="TCP"),
                    k8s.ContainerPort(name="metrics", container_port=s.metrics_port, protocol="TCP")],
             liveness_probe=k8s.Probe(
-                grpc=k8s.GrpcAction(port=s.health_port, service=LIVENESS_SERVICE),
+                http_get=k8s.HttpGetAction(port=k8s.IntOrString.from_number(s.health_port), path=LIVENESS_PATH),
                 initial_delay_seconds=10, period_seconds=10, timeout_seconds=5, failure_threshold=3),
             resources=k8s.ResourceRequirements(
                 requests={"cpu": k8s.Quantity.from_string("50m"), "memory": k8s.Quantity.from_string("64Mi")},

@@ -42,9 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", type=Path, default=_env("STATE_DIR"),
                    help="checkpoint and lock directory (default <plugins-dir>/<driver>)")
     p.add_argument("--health-port", type=int, default=_env("HEALTH_PORT"),
-                   help="grpc.health.v1 liveness port (default 51515 gpu, 51516 efa, 51517 neuron; -1 off)")
+                   help="liveness port, HTTP GET /livez (default 51515 gpu, 51516 efa, 51517 neuron; -1 off)")
     p.add_argument("--health-address", default=_env("HEALTH_ADDRESS", "0.0.0.0"),
-                   help="liveness listen address (the kubelet's gRPC probe dials the pod IP)")
+                   help="liveness listen address (the kubelet's probe dials the pod IP)")
     p.add_argument("--metrics-port", type=int, default=_env("METRICS_PORT"),
                    help="Prometheus /metrics port (default 51525 gpu, 51526 efa, 51527 neuron; -1 off)")
     p.add_argument("--pod-uid", default=_env("POD_UID"), help="plugin pod UID: per-pod socket names")

@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -107,8 +108,9 @@ class Sandbox:
         self._drivers.append(driver)
         return driver
 
-    def spawn(self, node: Node, family: str, *extra: str, env: dict | None = None) -> DriverProcess:
-        proc = DriverProcess(node, family, self.kubeconfig, *extra, env=env)
+    def spawn(self, node: Node, family: str, *extra: str, env: dict | None = None,
+              preexec_fn: Callable[[], None] | None = None) -> DriverProcess:
+        proc = DriverProcess(node, family, self.kubeconfig, *extra, env=env, preexec_fn=preexec_fn)
         self._procs.append(proc)
         return proc
 
@@ -182,11 +184,12 @@ def connect(node: Node, family: str = "gpu", pod_uid: str | None = None, timeout
 class DriverProcess:
     """`eks-dra-driver` as a child process (the real entry point)."""
 
-    def __init__(self, node: Node, family: str, kubeconfig: Path, *extra: str, env: dict | None = None) -> None:
+    def __init__(self, node: Node, family: str, kubeconfig: Path, *extra: str, env: dict | None = None,
+                 preexec_fn: Callable[[], None] | None = None) -> None:
         self.log = open(node.base / f"driver-{family}.log", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "eks_dra.drivers.main", *node.args(family, kubeconfig, *extra)],
                                      stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **(env or {})}, preexec_fn=preexec_fn)
 
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)

@@ -113,9 +113,10 @@ class Driver:
         if self.cfg.health_port >= 0:
             from .health import serve_liveness
 
-            self._liveness, self.health_port = serve_liveness(
+            self._liveness = serve_liveness(
                 self.cfg.driver_name, str(self.servers.reg_path), str(self.servers.dra_path), self.cfg.health_port,
                 self.cfg.health_address)
+            self.health_port = self._liveness.port
         if self.cfg.metrics_port >= 0:
             self._metrics_server = self.metrics.serve(self.cfg.metrics_port)
         for target, name in ((self._poll_loop, "inventory"), (self._node_loop, "node")):
@@ -349,9 +350,9 @@ class Driver:
         self.reconciler.stop()
         self.servers.stop(grace_s)
         if self._liveness is not None:
-            self._liveness.stop(1).wait(2)
+            self._liveness.stop()
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
+            self._metrics_server.stop()
         self.events.flush(2)
         self.lock.close()
         log.info("driver stopped")

@@ -19,7 +19,12 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import gzip
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+
+from .http_server import BoundedHttpServer, Request, Response
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -55,7 +60,15 @@ class DriverMetrics:
         v = self.registry.get_sample_value(name, {"driver": self.driver, **labels})
         return v or 0.0
 
-    def serve(self, port: int, address: str = "0.0.0.0"):
-        """Expose /metrics over HTTP; returns the server (shut it down on exit)."""
-        server, _thread = start_http_server(port, addr=address, registry=self.registry)
-        return server
+    def serve(self, port: int, address: str = "0.0.0.0") -> BoundedHttpServer:
+        """Expose /metrics over HTTP; returns the started server (stop it on exit). Not prometheus_client's
+        server: that one spends a thread per connection, with no cap and no read timeout."""
+        return BoundedHttpServer("metrics", address, port, {"/metrics": self._scrape}).start()
+
+    def _scrape(self, request: Request) -> Response:
+        # The scraper's Accept picks the text or OpenMetrics format, as prometheus_client's own handler does.
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        body = encoder(self.registry)
+        if "gzip" in request.headers.get("accept-encoding", ""):
+            return Response(200, gzip.compress(body), content_type, {"Content-Encoding": "gzip"})
+        return Response(200, body, content_type)
