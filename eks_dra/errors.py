@@ -10,9 +10,10 @@ class UserError(Exception):
     exit_code = 2
 
 
-def shown(value: object, limit: int = ECHO_LIMIT) -> str:
-    """`value` as a message quotes it (its repr), cut to `limit` characters with an ellipsis and the full length."""
-    text = repr(value)
+def shown(value: object, limit: int = ECHO_LIMIT, quoted: bool = True) -> str:
+    """`value` as a message quotes it (its repr; a str as it is when not `quoted`), cut to `limit` characters
+    with an ellipsis and the full length."""
+    text = repr(value) if quoted or not isinstance(value, str) else value
     if len(text) <= limit:
         return text
     length = len(value) if isinstance(value, str) else len(text)
