@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from eks_dra.catalog import INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES, InstanceType, closest_instance_types
 from eks_dra.catalog.ami_types import ami_type_for
 from eks_dra.config_models import EnvironmentFile, PipelineFile, validated
 from eks_dra.devices.names import FAMILIES, UPSTREAM_DRIVER_NAMES, DriverNames
 from eks_dra.errors import UserError
+from eks_dra.input_files import MAX_CONFIG_BYTES, load_documents
 from eks_dra.versions import DEFAULT_KUBERNETES_VERSION, validate_kubernetes_version
 
 AmiFamily = Literal["al2023", "bottlerocket"]
@@ -261,30 +260,11 @@ def _checked(model: type, data: dict, path: Path) -> dict:
         raise UserError(str(exc)) from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (also on line {seen[key] + 1})", key_node.start_mark)
-            seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
-
-
 def _read_yaml(path: Path) -> dict:
-    try:
-        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = str(getattr(exc, "problem", exc))
-        if problem.startswith("duplicate key"):
-            raise UserError(f"{path}:{where}: {problem}: YAML would keep only the last one; remove one") from None
-        raise UserError(f"{path}:{where}: not valid YAML ({problem}); fix the syntax") from None
+    documents = load_documents(path, MAX_CONFIG_BYTES, unique_keys=True)
+    if len(documents) > 1:
+        raise UserError(f"{path}: holds {len(documents)} YAML documents; an environment file is one mapping")
+    data = documents[0] if documents else None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -545,4 +545,4 @@ def test_a_directory_of_manifests_and_bad_json(tmp_path, capsys):
     capsys.readouterr()
     (folder / "broken.json").write_text('{"kind": ')
     assert cli.main(["plan", "--instance-type", "p5.48xlarge", "--claims", str(folder)]) == 2
-    assert "broken.json:1: not valid JSON" in capsys.readouterr().err
+    assert "broken.json: line 1: not valid JSON" in capsys.readouterr().err

@@ -11,6 +11,7 @@ once per plan. Quantity and Semver travel as tagged maps (see values.py) with Ku
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,8 +22,9 @@ from cel import stdlib as cel_stdlib
 
 from eks_dra.devices import AttributeValue, Version
 from eks_dra.devices.model import parse_quantity
-from eks_dra.errors import UserError
+from eks_dra.errors import ECHO_LIMIT, UserError, shown
 
+from .cel_cost import MAX_COST, estimated_cost
 from .values import (
     compare_semver,
     parse_semver,
@@ -38,7 +40,7 @@ _cel_log = logging.getLogger("cel")
 _cel_log.addHandler(logging.NullHandler())
 _cel_log.propagate = False
 
-MAX_EXPRESSION_LENGTH = 10 * 1024  # CELSelectorExpressionMaxLength
+MAX_EXPRESSION_LENGTH = 10 * 1024  # CELSelectorExpressionMaxLength, in bytes
 _INT64 = 2**63
 
 
@@ -262,9 +264,10 @@ class Selector:
 
 
 def _short_error(exc: Exception) -> str:
+    """The library's message on one line; it quotes the expression, so it is cut (errors.shown)."""
     text = str(exc)
     text = re.sub(r"^Failed to parse expression '.*?': ", "", text, flags=re.S)
-    return " ".join(text.split())
+    return shown(" ".join(text.split()), 2 * ECHO_LIMIT, quoted=False)
 
 
 class CelEnvironment:
@@ -280,8 +283,11 @@ class CelEnvironment:
         """Compile a selector expression; bad input raises UserError naming file, object and field."""
         if not isinstance(expression, str) or not expression.strip():
             raise UserError(f"{where}: must be a non-empty CEL expression string")
-        if len(expression) > MAX_EXPRESSION_LENGTH:
-            raise UserError(f"{where}: expression is {len(expression)} bytes, the limit is {MAX_EXPRESSION_LENGTH}")
+        length = len(expression.encode("utf-8", "surrogatepass"))
+        if length > MAX_EXPRESSION_LENGTH:
+            # The API server's words (pkg/apis/resource/validation: field.TooLong), with the size it has.
+            raise UserError(f"{where}: Too long: may not be more than {MAX_EXPRESSION_LENGTH} bytes "
+                            f"(it has {length}); shorten the expression")
         cached = self._programs.get(expression)
         if cached is None:
             try:
@@ -299,9 +305,16 @@ class CelEnvironment:
             if unknown:
                 raise UserError(f"{where}: unknown function {', '.join(unknown)} in a device selector")
             domains = frozenset(a or b for a, b in _DOMAIN_INDEX.findall(expression))
-            cached = (program, domains, frozenset(named & set(_FUNCTIONS)), device_references(expression))
+            cached = (program, domains, frozenset(named & set(_FUNCTIONS)), device_references(expression),
+                      estimated_cost(rewritten))
             self._programs[expression] = cached
-        program, domains, functions, references = cached
+        program, domains, functions, references, cost = cached
+        if cost > MAX_COST:
+            # The API server refuses it (pkg/apis/resource/validation: validateCELSelector); the CEL library
+            # here cannot stop an evaluation, so running it could take hours.
+            estimate = "unbounded" if cost == math.inf else f"{int(cost)}"
+            raise UserError(f"{where}: Forbidden: too complex, exceeds cost limit (estimated cost {estimate}, "
+                            f"the limit is {MAX_COST}); iterate over fewer or smaller lists")
         if not domains <= self.domains or not functions <= self.functions:
             # A device context built before this selector lacks its domains or functions.
             self.domains |= domains

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from eks_dra.devices.classes import DeviceClassDefinition
 from eks_dra.devices.names import COMPUTE_DOMAIN_API_VERSION, COMPUTE_DOMAIN_KIND
-from eks_dra.errors import UserError
+from eks_dra.errors import UserError, shown
+from eks_dra.input_files import MAX_MANIFEST_BYTES, load_documents
 
 from .cel_env import CelEnvironment, Selector
 from .model import (
@@ -46,7 +45,8 @@ _QUALIFIED = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z_][A-Za-z0-9_]*
 _WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job", "CronJob", "DaemonSet")
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 DEVICE_CLASS_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: 10x faster
+MAX_NAME_LENGTH = 253  # a DNS subdomain: the longest object name the API server accepts
+MAX_NAMESPACE_LENGTH = 63  # a DNS label
 
 
 @dataclass
@@ -98,23 +98,7 @@ def read_documents(paths: list[Path]) -> list[_Doc]:
     """Every object in the files, List kinds flattened, in file and document order."""
     docs: list[_Doc] = []
     for path in _expand(paths):
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        if path.suffix == ".json":
-            try:
-                loaded = [json.loads(text)]
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
-        else:
-            try:
-                loaded = list(yaml.load_all(text, Loader=_YAML_LOADER))
-            except yaml.YAMLError as exc:
-                mark = getattr(exc, "problem_mark", None)
-                where = f"{path}:{mark.line + 1}" if mark else str(path)
-                problem = getattr(exc, "problem", None) or str(exc)
-                raise UserError(f"{where}: not valid YAML or JSON: {problem}") from None
+        loaded = load_documents(path, MAX_MANIFEST_BYTES)
         for i, obj in enumerate(loaded):
             if obj is None:
                 continue
@@ -124,8 +108,28 @@ def read_documents(paths: list[Path]) -> list[_Doc]:
             for item in items if isinstance(items, list) else [obj]:
                 if not isinstance(item, dict) or "kind" not in item:
                     raise UserError(f"{path}: document {i + 1}: a List item is not a Kubernetes object")
+                _check_metadata(item, f"{path}: document {i + 1}")
                 docs.append(_Doc(item, str(path), len(docs)))
     return docs
+
+
+def _object_name(value: Any, where: str, limit: int = MAX_NAME_LENGTH) -> str:
+    if not isinstance(value, str) or not value or len(value) > limit:
+        raise UserError(f"{where}: {shown(value)} must be an object name of at most {limit} characters")
+    return value
+
+
+def _check_metadata(obj: dict, where: str) -> None:
+    """Names the API server would refuse are refused here, before they are echoed in other messages."""
+    meta = obj.get("metadata")
+    if meta is None:
+        return
+    if not isinstance(meta, dict):
+        raise UserError(f"{where}: metadata: must be a mapping")
+    if meta.get("name") is not None:
+        _object_name(meta["name"], f"{where}: metadata.name")
+    if meta.get("namespace") is not None:
+        _object_name(meta["namespace"], f"{where}: metadata.namespace", MAX_NAMESPACE_LENGTH)
 
 
 class _Loader:
@@ -197,9 +201,9 @@ class _Loader:
             raw = self._mapping(raw, f"{where}: {rpath}")
             name = raw.get("name")
             if not isinstance(name, str) or not _DNS_LABEL.match(name) or len(name) > 63:
-                raise UserError(f"{where}: {rpath}.name: {name!r} must be a DNS label (lower case, digits, '-')")
+                raise UserError(f"{where}: {rpath}.name: {shown(name)} must be a DNS label (lower case, digits, '-')")
             if name in names:
-                raise UserError(f"{where}: {rpath}.name: duplicate request name {name!r}")
+                raise UserError(f"{where}: {rpath}.name: duplicate request name {shown(name)}")
             names.add(name)
             requests.append(self.request(raw, name, where, rpath, api_version))
         valid_refs = {r.name for r in requests} | {
@@ -212,14 +216,14 @@ class _Loader:
             refs = self._list(raw.get("requests"), f"{where}: {cpath}.requests")
             for j, ref in enumerate(refs):
                 if ref not in valid_refs:
-                    raise UserError(f"{where}: {cpath}.requests[{j}]: {ref!r} is not a request of this claim "
+                    raise UserError(f"{where}: {cpath}.requests[{j}]: {shown(ref)} is not a request of this claim "
                                     f"(requests: {', '.join(sorted(valid_refs)) or 'none'})")
             if raw.get("distinctAttribute") is not None:
                 raise UserError(f"{where}: {cpath}.distinctAttribute: needs the alpha feature gate "
                                 "DRAConsumableCapacity, which is off in Kubernetes 1.34; use matchAttribute")
             attr = raw.get("matchAttribute")
             if not isinstance(attr, str) or not _QUALIFIED.match(attr):
-                raise UserError(f"{where}: {cpath}.matchAttribute: {attr!r} must be a fully qualified attribute "
+                raise UserError(f"{where}: {cpath}.matchAttribute: {shown(attr)} must be a fully qualified attribute "
                                 "name <domain>/<name>, e.g. resource.kubernetes.io/pcieRoot")
             constraints.append(MatchAttribute(attr, tuple(refs), i))
         configs = self._list(devices.get("config"), f"{where}: {dpath}.config", MAX_CONFIGS)
@@ -251,7 +255,7 @@ class _Loader:
             sub = self._mapping(sub, f"{where}: {spath}")
             sub_name = sub.get("name")
             if not isinstance(sub_name, str) or not _DNS_LABEL.match(sub_name) or sub_name in seen:
-                raise UserError(f"{where}: {spath}.name: {sub_name!r} must be a unique DNS label")
+                raise UserError(f"{where}: {spath}.name: {shown(sub_name)} must be a unique DNS label")
             seen.add(sub_name)
             if "adminAccess" in sub:
                 raise UserError(f"{where}: {spath}.adminAccess: not a field of a subrequest")
@@ -260,8 +264,9 @@ class _Loader:
 
     def device_request(self, raw: dict, name: str, sub: str | None, where: str, path: str) -> DeviceRequest:
         class_name = raw.get("deviceClassName")
-        if not isinstance(class_name, str) or not class_name:
+        if class_name is None or class_name == "":
             raise UserError(f"{where}: {path}.deviceClassName: required")
+        _object_name(class_name, f"{where}: {path}.deviceClassName")
         device_class = self.classes.get(class_name)
         if device_class is None:
             known = ", ".join(sorted(self.classes)) or "none in the given files"
@@ -269,14 +274,14 @@ class _Loader:
                             f"(known: {known}); add its DeviceClass to the files")
         mode = raw.get("allocationMode") or "ExactCount"
         if mode not in ("ExactCount", "All"):
-            raise UserError(f"{where}: {path}.allocationMode: {mode!r} must be ExactCount or All")
+            raise UserError(f"{where}: {path}.allocationMode: {shown(mode)} must be ExactCount or All")
         count = raw.get("count")
         if mode == "All" and count is not None:
             raise UserError(f"{where}: {path}.count: must not be set when allocationMode is All")
         if count is None:
             count = 1
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise UserError(f"{where}: {path}.count: {count!r} must be a positive integer")
+            raise UserError(f"{where}: {path}.count: {shown(count)} must be a positive integer")
         admin = raw.get("adminAccess", False)
         if not isinstance(admin, bool):
             raise UserError(f"{where}: {path}.adminAccess: must be true or false")
@@ -375,7 +380,7 @@ def _extended_resource_requests(pod_spec: dict, classes: dict[str, str]) -> list
             try:
                 count = int(str(asked[name]))
             except ValueError:
-                raise UserError(f"container {container.get('name')!r}: resources {name}: {asked[name]!r} is not "
+                raise UserError(f"container {shown(container.get('name'))}: resources {shown(name)}: {shown(asked[name])} is not "
                                 "a whole number of devices") from None
             if count > 0:
                 requests.append({"name": f"container-{offset + i}-request-{names.index(name)}",
@@ -430,7 +435,7 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
         if doc.kind not in ("ResourceClaim", "ResourceClaimTemplate"):
             continue
         if api not in RESOURCE_API_VERSIONS:
-            raise UserError(f"{doc.source()}: apiVersion {api!r} is not one of {', '.join(RESOURCE_API_VERSIONS)}")
+            raise UserError(f"{doc.source()}: apiVersion {shown(api)} is not one of {', '.join(RESOURCE_API_VERSIONS)}")
         loader._unique(doc, namespaced=True)
         where = str(doc.source())
         raw_spec = doc.obj.get("spec") if doc.kind == "ResourceClaim" else (doc.obj.get("spec") or {}).get("spec")
@@ -492,6 +497,7 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
                     raise UserError(f"{where}.resourceClaims[{j}]: set exactly one of resourceClaimName or "
                                     "resourceClaimTemplateName")
                 if claim_name is not None:
+                    _object_name(claim_name, f"{where}.resourceClaims[{j}].resourceClaimName")
                     found = claims.get((doc.namespace, claim_name))
                     if found is None:
                         raise UserError(f"{where}.resourceClaims[{j}].resourceClaimName: ResourceClaim "
@@ -499,7 +505,8 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
                     used_claims.add((doc.namespace, claim_name))
                     if found[1] not in pod_claims:
                         pod_claims.append(found[1])
-                elif (doc.namespace, template_name) in channels:
+                elif (doc.namespace, _object_name(template_name, f"{where}.resourceClaims[{j}]"
+                                                                 ".resourceClaimTemplateName")) in channels:
                     if i == 0:
                         domain = channels[(doc.namespace, template_name)]
                         skipped.append(f"{doc.source()}: claim {entry.get('name')} (ResourceClaimTemplate "
