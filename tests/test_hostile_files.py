@@ -164,3 +164,20 @@ def test_overlong_expression_refused_as_the_api_server_does(tmp_path):
     path.write_text(yaml.safe_dump(_selector_claim("device.driver == '" + "é" * 6000 + "'"), width=100_000))
     line = refused(path)
     assert "cel.expression: Too long: may not be more than 10240 bytes (it has 12019)" in line
+
+
+
+def test_a_billion_replicas_is_refused_without_building_the_pods(tmp_path):
+    manifest = tmp_path / "huge.yaml"
+    manifest.write_text("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: huge}\nspec:\n"
+                        "  replicas: 1000000000\n  template:\n    spec:\n      containers: [{name: c, image: x}]\n")
+    assert "1000000000 pods at once is more than a Kubernetes cluster runs (150000)" in refused(manifest)
+
+
+def test_more_nodes_than_a_cluster_has_is_refused(tmp_path):
+    manifest = tmp_path / "one.yaml"
+    manifest.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers: [{name: c, image: x}]\n")
+    proc = subprocess.run([sys.executable, "-m", "eks_dra.cli", "plan", "--instance-type", "p5.48xlarge",
+                           "--nodes", "1000000", "--claims", str(manifest)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--nodes 1000000 is more than a Kubernetes cluster supports (5000 nodes" in proc.stderr

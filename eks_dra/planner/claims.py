@@ -40,6 +40,9 @@ MAX_CONSTRAINTS = 32
 MAX_SELECTORS = 32
 MAX_SUBREQUESTS = 8  # FirstAvailableDeviceRequestMaxSize
 MAX_CONFIGS = 32  # DeviceConfigMaxSize
+# Pods per cluster that Kubernetes is tested for (kubernetes.io/docs/setup/best-practices/cluster-large): no
+# workload has more, and the simulation's time and memory grow with the pod count.
+MAX_WORKLOAD_PODS = 150_000
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUALIFIED = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z_][A-Za-z0-9_]*$")
 _WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "Job", "CronJob", "DaemonSet")
@@ -333,6 +336,9 @@ def _pod_count(doc: _Doc) -> tuple[dict, int]:
         count = spec.get("replicas", 1)
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise UserError(f"{doc.source()}: spec: replicas/parallelism must be a non-negative integer")
+    if count > MAX_WORKLOAD_PODS:
+        raise UserError(f"{doc.source()}: spec: {count} pods at once is more than a Kubernetes cluster runs "
+                        f"({MAX_WORKLOAD_PODS}); write the replica count the workload will really have")
     return template, count
 
 

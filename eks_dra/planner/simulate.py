@@ -127,11 +127,20 @@ def number_nodes(nodes: list[SimNode]) -> list[SimNode]:
     return nodes
 
 
+# The largest cluster Kubernetes is tested for (kubernetes.io/docs/setup/best-practices/cluster-large): also
+# the budget of a simulation, whose memory grows with the node count.
+MAX_NODES = 5000
+
+
 def nodes_for_instance_type(instance_type: str, count: int, *, names: DriverNames = DEFAULT_DRIVER_NAMES,
                             mig_profile: str | None = None) -> list[SimNode]:
     """`count` nodes of one type, named <type>-<i>, with every device family published by DRA."""
     if count < 1:
         raise UserError(f"--nodes must be at least 1, got {count}")
+    if count > MAX_NODES:
+        raise UserError(f"--nodes {count} is more than a Kubernetes cluster supports ({MAX_NODES} nodes, the "
+                        "scalability threshold of kubernetes.io/docs/setup/best-practices/cluster-large); plan on "
+                        "fewer nodes")
     try:
         it = get_instance_type(instance_type)
     except UnknownInstanceType as exc:
