@@ -304,15 +304,19 @@ def test_node_identity_cannot_write_other_nodes_or_drivers_slices(dev):
     forbidden(as_gpu_core.patch_node, other, {"spec": {"taints": []}}, dry_run="All")
     mine = {"key": "gpu.nvidia.com/not-ready", "value": "true", "effect": "NoSchedule"}
     with_mine = [*node["spec"].get("taints", []), mine]
-    # ... and nothing else of its own Node: no owner, finalizer, pod CIDR, config source, or a NoExecute taint.
+    # ... and nothing else of its own Node: no owner, finalizer, pod CIDR, provider id, or a NoExecute taint.
     owner = {"apiVersion": "v1", "kind": "Namespace", "name": "default", "uid": node["metadata"]["uid"]}
     for patch in ({"metadata": {"ownerReferences": [owner]}}, {"metadata": {"finalizers": ["example.com/keep"]}},
                   {"spec": {"podCIDR": "10.244.99.0/24", "podCIDRs": ["10.244.99.0/24"]}},
-                  {"spec": {"configSource": {"configMap": {"name": "c", "namespace": "kube-system",
-                                                           "kubeletConfigKey": "kubelet"}}}},
+                  {"spec": {"providerID": "aws:///us-east-2a/i-0forged"}},
                   {"spec": {"taints": [*node["spec"].get("taints", []), {**mine, "effect": "NoExecute"}]}},
                   {"spec": {"taints": with_mine}, "metadata": {"finalizers": ["example.com/keep"]}}):
         forbidden(as_gpu_core.patch_node, own, patch, dry_run="All")
+    # spec.configSource: the API server drops it before admission (pkg/registry/core/node/strategy.go,
+    # dropDisabledFields), so the patch changes nothing; the policy guards it all the same.
+    source = {"configMap": {"name": "c", "namespace": "kube-system", "kubeletConfigKey": "kubelet"}}
+    dropped = as_gpu_core.patch_node(own, {"spec": {"configSource": source}}, dry_run="All")
+    assert dropped.spec.config_source is None
     as_gpu_core.patch_node(own, {"spec": {"taints": with_mine}}, dry_run="All")
     # Nothing changed for real.
     assert dev.slices_by_pool()[("gpu.nvidia.com", other)][0]["metadata"]["resourceVersion"] == \
