@@ -39,6 +39,9 @@ CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 LABEL_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+# An image reference pinned to its content: a tag can be moved to other content (and IfNotPresent keeps
+# whatever a node pulled first under it).
+IMAGE_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 IPV4_CIDR = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})/(\d{1,2})$")
 # The values CloudWatch Logs accepts for RetentionInDays.
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
@@ -347,6 +350,10 @@ class _Loader:
             self.warn("driverImage", "the driver image eks-dra builds is linux/amd64; arm64 DRA node groups (e.g. "
                       "p6e-gb200) need driverImage set to a multi-arch image")
         protected = top.get("protected", False)
+        if protected and driver_image is not None and not IMAGE_DIGEST.search(driver_image):
+            self.fail("driverImage", f"{driver_image!r}: a protected environment runs the image pinned by its digest; "
+                      "write driverImage: REPO@sha256:<64 hex digits> (`docker buildx imagetools inspect REPO:TAG` "
+                      "prints it)")
         public, cidrs = self._api_endpoint(top, protected)
         retention = top.get("logRetentionDays", 365 if protected else 30)
         if retention not in LOG_RETENTION_DAYS:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import jsonschema
@@ -12,8 +13,10 @@ import yaml
 from charts.environments import ALL, SHIPPED, environment, synthesized
 from charts.k8s_objects import of_kind, pod_fits_labels, tolerates
 
-from eks_dra.charts.driver_chart import HEALTH_PORTS
+from eks_dra.charts.driver_chart import HEALTH_PORTS, HOST_ROOT
 from eks_dra.config import GPU_TAINT, NEURON_TAINT
+from eks_dra.drivers import families
+from eks_dra.drivers.fixture import write_fixture
 
 # Custom resources of the vendor charts, validated against their CRD's schema (a verbatim copy in tests/data/crds).
 CRD_SCHEMAS = {("resource.nvidia.com/v1beta1", "ComputeDomain"): "resource.nvidia.com_computedomains.yaml"}
@@ -75,30 +78,32 @@ def test_admission_policies_match_the_daemon_set_service_account(key: str) -> No
         assert crb["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
 
 
-def test_cluster_role_is_least_privilege() -> None:
-    _, docs = synthesized("config/dev")
-    role = next(r for r in of_kind(docs, "ClusterRole") if r["metadata"]["name"] == "eks-dra-gpu-driver")
-    grants = {(g, r): sorted(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
-              for r in rule["resources"]}
-    assert grants == {
-        ("resource.k8s.io", "resourceslices"): sorted(["get", "list", "watch", "create", "update", "patch", "delete"]),
-        ("resource.k8s.io", "resourceclaims"): ["get", "list", "watch"],
-        ("", "nodes"): ["get", "patch"],
-        ("", "events"): ["create", "patch"],
-        ("events.k8s.io", "events"): ["create", "patch"],
-    }
+def _host_tree(pod: dict) -> dict[str, tuple[str, bool]]:
+    """Mount path under HOST_ROOT -> (host path, read-only) of the plugin's host-tree mounts."""
+    (c,) = pod["containers"]
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    return {m["mountPath"]: (volumes[m["name"]], m.get("readOnly", False)) for m in c["volumeMounts"]
+            if m["mountPath"] == HOST_ROOT or m["mountPath"].startswith(HOST_ROOT + "/")}
+
+
+# dev: the EFA of its Bottlerocket g6e group gets the privileged EFA DaemonSet, every other EFA the unprivileged one.
+DEV_DRIVERS = {"eks-dra-gpu-driver": ("gpu", True), "eks-dra-efa-driver": ("efa", False),
+               "eks-dra-efa-driver-privileged": ("efa", True), "eks-dra-neuron-driver": ("neuron", False)}
 
 
 def test_driver_daemon_set_follows_the_runtime_contract() -> None:
     _, docs = synthesized("config/dev")
-    by_family = {ds["spec"]["template"]["spec"]["containers"][0]["command"][1]: ds for ds in _driver_daemon_sets(docs)}
-    assert set(by_family) == {"gpu", "efa", "neuron"}
-    for family, ds in by_family.items():
+    by_name = {ds["metadata"]["name"]: ds for ds in _driver_daemon_sets(docs)}
+    assert set(by_name) == set(DEV_DRIVERS)
+    for name, ds in by_name.items():
+        family, privileged = DEV_DRIVERS[name]
         spec = ds["spec"]
         pod = spec["template"]["spec"]
         (c,) = pod["containers"]
         assert c["command"] == ["eks-dra-driver", family]
         assert c["image"] == "eks-dra-driver:0.1.0"
+        assert pod["serviceAccountName"] == f"eks-dra-{family}-driver"  # one identity per driver
+        assert spec["selector"]["matchLabels"] == {"app.kubernetes.io/name": name}  # no two DaemonSets share pods
         assert spec["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1,
                                                                                     "maxUnavailable": 0}}
         env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
@@ -110,13 +115,13 @@ def test_driver_daemon_set_follows_the_runtime_contract() -> None:
         assert pod["priorityClassName"] == "system-node-critical"
         assert not pod.get("hostNetwork"), "surge pods of a rolling update would collide on host ports"
         mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
-        common = {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi", "/host"}
-        # gpu: the NVIDIA driver root at /driver-root (NVML, nvidia-smi by explicit path), as the upstream chart
-        assert set(mounts) == (common | {"/driver-root"} if family == "gpu" else common)
-        assert mounts["/host"]["readOnly"] is True
+        writable = {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"}
+        assert {p for p, m in mounts.items() if not m.get("readOnly")} == writable
         volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
-        assert volumes[mounts["/host"]["name"]] == "/"
         if family == "gpu":
+            # the whole host at /host, the NVIDIA driver root at /driver-root (NVML, nvidia-smi by explicit path)
+            assert _host_tree(pod) == {"/host": ("/", True)}
+            assert set(mounts) == writable | {"/host", "/driver-root"}
             assert volumes[mounts["/driver-root"]["name"]] == "/" and mounts["/driver-root"]["readOnly"] is True
             assert env["NVIDIA_DRIVER_ROOT"] == "/" and env["CONTAINER_DRIVER_ROOT"] == "/driver-root"
             assert env["NVIDIA_VISIBLE_DEVICES"] == "void"  # no nvidia-runtime injection into the plugin itself
@@ -124,11 +129,44 @@ def test_driver_daemon_set_follows_the_runtime_contract() -> None:
             assert "NVIDIA_VISIBLE_DEVICES" not in env
         assert c["resources"]["requests"] and c["resources"]["limits"]
         sc = c["securityContext"]
-        if family in ("gpu", "efa"):  # NVML device nodes; EFA also runs on dev's Bottlerocket g6e group
-            assert sc["privileged"] is True
+        assert sc["privileged"] is privileged, name
+        if not privileged:
+            assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
+
+
+NARROW_HOST_TREE = {"/host/sys": ("/sys", True), "/host/dev": ("/dev", True),
+                    "/host/proc/sys/kernel/random/boot_id": ("/proc/sys/kernel/random/boot_id", True)}
+
+
+@pytest.mark.parametrize("key", ALL)
+def test_efa_and_neuron_plugins_mount_only_sysfs_dev_and_the_boot_id(key: str) -> None:
+    """Not the host's `/`: each read-only, at its own path under HOST_ROOT (the code's paths stay as they are)."""
+    _, docs = synthesized(key)
+    for ds in _driver_daemon_sets(docs):
+        pod = ds["spec"]["template"]["spec"]
+        if pod["containers"][0]["command"][1] != "gpu":
+            assert _host_tree(pod) == NARROW_HOST_TREE, (key, ds["metadata"]["name"])
+            assert "/" not in {v["hostPath"]["path"] for v in pod["volumes"]}
+
+
+@pytest.mark.parametrize("instance_type", ["trn2.48xlarge", "p5.48xlarge"])
+def test_efa_and_neuron_discovery_needs_nothing_but_the_mounted_host_tree(instance_type: str, tmp_path: Path) -> None:
+    """Discovery and health of the host tree cut down to the mounts equal those of the whole tree."""
+    full = write_fixture(instance_type, tmp_path / "full")
+    narrow = tmp_path / "narrow"
+    for host_path, _ in NARROW_HOST_TREE.values():
+        source, target = full / host_path.lstrip("/"), narrow / host_path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, symlinks=True)
         else:
-            assert sc["privileged"] is False and sc["capabilities"] == {"drop": ["ALL"]}
-            assert sc["allowPrivilegeEscalation"] is False
+            shutil.copy(source, target)
+    for family in ("efa", "neuron") if instance_type.startswith("trn") else ("efa",):
+        whole = families.discover(family, full)
+        assert whole.ready and whole.devices, whole.reason
+        assert families.discover(family, narrow) == whole
+        assert families.get_family(family).level_health(narrow, whole) == \
+            families.get_family(family).level_health(full, whole)
 
 
 def test_custom_driver_names_reach_classes_policies_and_tolerations() -> None:
@@ -162,7 +200,7 @@ def _managers_per_group(key: str) -> dict[tuple[str, str], list[str]]:
 
 def _family_of(pod: dict) -> str:
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    (key,) = {e["key"] for t in terms for e in t["matchExpressions"]}
+    (key,) = {e["key"] for t in terms for e in t["matchExpressions"] if e["key"] != "eks-dra.io/node-group"}
     return key.removeprefix("eks-dra.io/")
 
 
@@ -182,7 +220,10 @@ def test_every_family_of_every_group_gets_exactly_its_manager(key: str) -> None:
                 assert (group.name, family) not in found  # the vendor chart runs there instead
                 continue
             managers = found.get((group.name, family), [])
-            expected = f"eks-dra-{family}-driver" if group.manager(family) == "dra" else None
+            # Bottlerocket (enforcing SELinux): the privileged EFA/Neuron DaemonSet, there and nowhere else.
+            privileged = group.ami_family == "bottlerocket" and family != "gpu"
+            expected = f"eks-dra-{family}-driver" + ("-privileged" if privileged else "") \
+                if group.manager(family) == "dra" else None
             assert len(managers) == 1, f"{key}: {group.name} {family}: {managers}"
             if expected:
                 assert managers == [expected]
@@ -208,6 +249,28 @@ def test_node_agents_tolerate_every_taint_eks_dra_puts_on_their_nodes(key: str) 
 
 
 @pytest.mark.parametrize("key", ALL)
+def test_drivers_tolerate_every_taint_of_their_node_groups(key: str) -> None:
+    """The groups' own taints (nodeGroups[].taints) too, or the readiness taint would stay on their nodes."""
+    env = environment(key)
+    _, docs = synthesized(key)
+    for ds in _driver_daemon_sets(docs):
+        pod = ds["spec"]["template"]["spec"]
+        for group in env.node_groups:
+            if pod_fits_labels(pod, env.node_labels(group)):
+                for taint in env.node_taints(group):
+                    assert tolerates(pod, taint.key, taint.effect, taint.value), (ds["metadata"]["name"], group.name)
+        # and exactly: another value of a user's key still keeps the driver away
+        for t in pod["tolerations"]:
+            assert t["operator"] == "Equal" or t["key"] in (GPU_TAINT, NEURON_TAINT) or t["key"].endswith("/not-ready")
+
+
+def test_the_taints_fixture_has_user_taints_on_dra_groups() -> None:
+    env = environment("fixture/taints")
+    assert {e for g in env.node_groups if g.families and g.manager(g.families[0]) == "dra" for e in
+            (t.effect for t in g.taints)} == {"NoSchedule", "NoExecute"}
+
+
+@pytest.mark.parametrize("key", ALL)
 def test_sample_pods_wait_for_the_drivers(key: str) -> None:
     """Samples tolerate the accelerator taints but never a readiness taint."""
     _, docs = synthesized(key)
@@ -230,6 +293,8 @@ def test_namespaced_objects_name_their_namespace_and_cluster_objects_do_not(key:
     for doc in docs:
         if doc["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in doc["metadata"], doc["metadata"]
+        elif doc["kind"] in ("Role", "RoleBinding"):  # the drivers' Events permission, where Node events go
+            assert doc["metadata"]["namespace"] in namespaces | {"default"}, doc["metadata"]
         else:
             assert doc["metadata"]["namespace"] in namespaces, doc["metadata"]
 
@@ -256,10 +321,12 @@ def test_daemon_set_command_and_env_parse_with_the_driver_cli(key: str, monkeypa
         assert (config.health_port, config.metrics_port) == (ports["health"], ports["metrics"])
         assert config.health_address == "0.0.0.0"  # the kubelet's gRPC probe dials the pod IP
         mounts = {m["mountPath"] for m in c["volumeMounts"]}
-        assert {str(config.host_root), str(config.plugins_dir), str(config.registry_dir), str(config.cdi_root)} <= mounts
+        assert {str(config.plugins_dir), str(config.registry_dir), str(config.cdi_root)} <= mounts
+        assert str(config.host_root) == HOST_ROOT and any(m.startswith(HOST_ROOT) for m in mounts)
 
 
 def test_efa_and_neuron_drivers_run_unprivileged_without_bottlerocket() -> None:
+    """No Bottlerocket group, no privileged EFA/Neuron DaemonSet at all."""
     _, docs = synthesized("fixture/names")  # AL2023 only
     for ds in _driver_daemon_sets(docs):
         sc = ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]

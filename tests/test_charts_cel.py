@@ -3,12 +3,18 @@ catalog simulates for the environment, and the admission policies against admiss
 
 from __future__ import annotations
 
+import copy
+import json
+from pathlib import Path
+
 import cel
+import kubernetes_validate
 import pytest
 from charts.cel_device import Selector
 from charts.environments import ALL, dra_devices, environment, synthesized
 from charts.k8s_objects import of_kind, selectors_of_claim
 
+from eks_dra.charts.driver_chart import NODE_METADATA_FIELDS, NODE_SPEC_FIELDS
 from eks_dra.devices import simulate_node
 
 # What the vendor charts' DeviceClasses select (reference eks-accelerators.md §3.3-§3.6).
@@ -154,3 +160,56 @@ def test_node_policy_allows_only_removing_the_own_readiness_taint() -> None:
     relabelled = _node("n1", ["nvidia.com/gpu", "dra.net/not-ready"], {"a": "c"})
     assert _admit(policy, _request("UPDATE", "n1"), relabelled, before)
     assert _admit(policy, _request("UPDATE", "n1"), _node("n1", []), _node("n1", [])) == []  # no-op patch
+
+
+_SCHEMAS = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / "v1.34.0-local-strict"
+# ObjectMeta fields the API server sets, or keeps as they were, whatever an update sends
+# (k8s.io/apimachinery/pkg/api/validation/objectmeta.go ValidateObjectMetaUpdate, and the registry's
+# rest.BeforeUpdate): the node policy need not guard them.
+SERVER_OWNED_METADATA = {"creationTimestamp", "deletionGracePeriodSeconds", "deletionTimestamp", "generation",
+                         "managedFields", "name", "namespace", "resourceVersion", "selfLink", "uid"}
+CHANGED_VALUES = {"annotations": {"x": "y"}, "finalizers": ["example.com/keep"], "generateName": "n-",
+                  "labels": {"a": "c"}, "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p",
+                                                             "uid": "u"}],
+                  "configSource": {"configMap": {"name": "c", "namespace": "kube-system",
+                                                 "kubeletConfigKey": "kubelet"}},
+                  "externalID": "i-0", "podCIDR": "10.1.0.0/24", "podCIDRs": ["10.1.0.0/24"],
+                  "providerID": "aws:///us-east-2a/i-0", "unschedulable": True}
+
+
+def _properties(schema: str) -> set[str]:
+    return set(json.loads((_SCHEMAS / schema).read_text())["properties"])
+
+
+def test_node_policy_guards_every_node_field_a_client_can_change() -> None:
+    """Derived from the 1.34 Node schema: a new field fails here until the policy guards it."""
+    assert set(NODE_SPEC_FIELDS) == _properties("nodespec-v1.json") - {"taints"}
+    assert set(NODE_METADATA_FIELDS) == _properties("objectmeta-meta-v1.json") - SERVER_OWNED_METADATA
+
+
+@pytest.mark.parametrize("field", [f"metadata.{f}" for f in NODE_METADATA_FIELDS] +
+                         [f"spec.{f}" for f in NODE_SPEC_FIELDS])
+def test_node_policy_refuses_any_other_change_of_the_own_node(field: str) -> None:
+    """Removing its own readiness taint is allowed; the same patch that also changes `field` (set, changed or
+    removed) is not."""
+    policy = _policy("eks-dra-gpu-driver-node-taint")
+    ready = "gpu.nvidia.com/not-ready"
+    before, after = _node("n1", ["nvidia.com/gpu", ready]), _node("n1", ["nvidia.com/gpu"])
+    assert _admit(policy, _request("UPDATE", "n1"), after, before) == []
+    section, name = field.split(".")
+    changed = copy.deepcopy(after)
+    changed[section][name] = CHANGED_VALUES[name]
+    messages = _admit(policy, _request("UPDATE", "n1"), changed, before)
+    assert messages and any(field in m for m in messages), messages
+    had = copy.deepcopy(before)
+    had[section][name] = CHANGED_VALUES[name]
+    assert _admit(policy, _request("UPDATE", "n1"), after, had)  # removing it is a change too
+
+
+def test_node_policy_allows_its_taint_only_with_no_schedule() -> None:
+    policy = _policy("eks-dra-gpu-driver-node-taint")
+    before = _node("n1", ["nvidia.com/gpu"])
+    added = _node("n1", ["nvidia.com/gpu", "gpu.nvidia.com/not-ready"])
+    assert _admit(policy, _request("UPDATE", "n1"), added, before) == []
+    added["spec"]["taints"][1]["effect"] = "NoExecute"  # would evict every pod of the node
+    assert _admit(policy, _request("UPDATE", "n1"), added, before)

@@ -26,7 +26,7 @@ def _selects(selector: dict, pod_labels: dict[str, str]) -> bool:
 def test_every_driver_daemon_set_has_one_policy_selecting_exactly_its_pods(key: str) -> None:
     _, docs = synthesized(key)
     daemon_sets = [d for d in of_kind(docs, "DaemonSet") if d["metadata"]["name"].startswith("eks-dra-")
-                   and d["metadata"]["name"].endswith("-driver")]
+                   and d["metadata"]["name"].endswith(("-driver", "-driver-privileged"))]
     policies = of_kind(docs, "NetworkPolicy")
     if not daemon_sets:  # the environment runs the vendors' drivers (their charts bring their own policies)
         assert not policies

@@ -13,6 +13,7 @@ from charts.k8s_objects import of_kind
 
 from eks_dra import cli
 from eks_dra.charts.samples import NodeGroupDevices, all_efas_on_one_gpu_root, efas_per_gpu_root, efas_per_group4
+from eks_dra.config import Taint
 from eks_dra.devices import PCIE_ROOT, simulate_node
 from eks_dra.errors import UserError
 from eks_dra.stacks.manifests import build_k8s_app, upstream_helm_charts
@@ -186,10 +187,34 @@ def test_upstream_helm_charts_carry_the_documented_values() -> None:
     terms = nvidia.values["kubeletPlugin"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms == [{"matchExpressions": [{"key": "eks-dra.io/gpu", "operator": "In", "values": ["dra"]}]}]
-    assert specs["neuron-helm-chart"].values == {"devicePlugin": {"enabled": False}, "npd": {"enabled": False},
-                                                 "draDriver": {"enabled": True}}
+    neuron = specs["neuron-helm-chart"]
+    assert {k: v for k, v in neuron.values.items() if k != "draDriver"} == {"devicePlugin": {"enabled": False},
+                                                                           "npd": {"enabled": False}}
+    assert neuron.values["draDriver"]["enabled"] is True
+    # the chart's own tolerations (draDriver.tolerations replaces them) are kept
+    assert {"key": "CriticalAddonsOnly", "operator": "Exists"} in neuron.values["draDriver"]["tolerations"]
     assert {t["key"] for t in specs["aws-dranet"].values["tolerations"]} == {"nvidia.com/gpu", "aws.amazon.com/neuron"}
     assert upstream_helm_charts(environment("config/dev")) == []
+
+
+@pytest.mark.parametrize("key", ALL)
+def test_every_vendor_chart_is_pinned_to_a_release(key: str) -> None:
+    """No chart is installed as whatever the registry calls latest at the next deploy."""
+    for spec in upstream_helm_charts(environment(key)):
+        assert spec.version and spec.version[0].isdigit() and spec.version != "latest", spec
+
+
+def test_vendor_drivers_tolerate_the_dra_groups_own_taints_exactly() -> None:
+    env = environment("fixture/upstream")
+    dedicated = Taint("example.com/dedicated", "ml", "NoExecute")
+    groups = tuple(dataclasses.replace(g, taints=(dedicated,)) if g.name in ("p5-dra", "trn2-dra") else g
+                   for g in env.node_groups)
+    specs = {s.id: s for s in upstream_helm_charts(dataclasses.replace(env, node_groups=groups))}
+    wanted = {"key": "example.com/dedicated", "operator": "Equal", "value": "ml", "effect": "NoExecute"}
+    assert wanted in specs["dra-driver-nvidia-gpu"].values["kubeletPlugin"]["tolerations"]  # p5-dra: GPU
+    assert wanted in specs["aws-dranet"].values["tolerations"]  # p5-dra and trn2-dra: EFA
+    assert wanted in specs["neuron-helm-chart"].values["draDriver"]["tolerations"]  # trn2-dra: Neuron
+    assert wanted not in {s.id: s for s in upstream_helm_charts(env)}["aws-dranet"].values["tolerations"]
 
 
 def test_upstream_efa_next_to_an_efa_device_plugin_is_refused() -> None:

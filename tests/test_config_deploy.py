@@ -99,3 +99,17 @@ def test_pipeline_refuses_environments_out_of_deploy_order(tmp_path):
     with pytest.raises(UserError, match=r"pipeline.yaml: environments: prod \(protected\) is listed before staging"):
         load_pipeline(tmp_path)
     assert [e.name for e in load_pipeline(CONFIG).environments] == ["staging", "prod"]
+
+
+def test_protected_environment_runs_the_driver_image_by_digest(tmp_path):
+    """A tag (`:latest`, or any other) can be moved to other content; a protected environment pins the digest."""
+    top = "region: us-east-2\nprotected: true\nnodeGroups:\n" + SYSTEM
+    for image in ("eks-dra-driver:latest", "123456789012.dkr.ecr.us-east-2.amazonaws.com/eks-dra:0.1.0",
+                  "eks-dra-driver@sha256:abc"):
+        line = cli_error(tmp_path, f"driverImage: {image}\n" + top)
+        assert f"{tmp_path}/bad.yaml: driverImage: '{image}'" in line and "@sha256:" in line
+    digest = "123456789012.dkr.ecr.us-east-2.amazonaws.com/eks-dra@sha256:" + "0f" * 32
+    assert load_environment("bad", write(tmp_path, f"driverImage: {digest}\n" + top)).driver_image == digest
+    # unprotected: a tag is fine (a development loop rebuilds it)
+    assert load_environment("bad", write(tmp_path, "driverImage: eks-dra-driver:latest\nregion: us-east-2\n"
+                                         "nodeGroups:\n" + SYSTEM)).driver_image == "eks-dra-driver:latest"

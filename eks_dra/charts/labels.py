@@ -43,20 +43,31 @@ def app_labels(name: str, component: str) -> dict[str, str]:
     }
 
 
-def manager_affinity(family: str, manager: str) -> k8s.Affinity:
-    """Required node affinity `eks-dra.io/<family> In [<manager>]`: exactly the node groups of that manager."""
-    term = k8s.NodeSelectorTerm(
-        match_expressions=[k8s.NodeSelectorRequirement(key=family_label(family), operator="In", values=[manager])]
-    )
+def manager_affinity(family: str, manager: str, *, node_groups: tuple[str, ...] = (),
+                     other_node_groups: tuple[str, ...] = ()) -> k8s.Affinity:
+    """Required node affinity `eks-dra.io/<family> In [<manager>]`: exactly the node groups of that manager;
+    narrowed to `node_groups` (`eks-dra.io/node-group In`) or to all but `other_node_groups` (`NotIn`)."""
+    expressions = [k8s.NodeSelectorRequirement(key=family_label(family), operator="In", values=[manager])]
+    if node_groups:
+        expressions.append(k8s.NodeSelectorRequirement(key=NODE_GROUP_LABEL, operator="In", values=list(node_groups)))
+    if other_node_groups:
+        expressions.append(k8s.NodeSelectorRequirement(key=NODE_GROUP_LABEL, operator="NotIn",
+                                                       values=list(other_node_groups)))
     return k8s.Affinity(
         node_affinity=k8s.NodeAffinity(
-            required_during_scheduling_ignored_during_execution=k8s.NodeSelector(node_selector_terms=[term])
+            required_during_scheduling_ignored_during_execution=k8s.NodeSelector(
+                node_selector_terms=[k8s.NodeSelectorTerm(match_expressions=expressions)])
         )
     )
 
 
 def tolerate(key: str) -> k8s.Toleration:
     return k8s.Toleration(key=key, operator="Exists", effect="NoSchedule")
+
+
+def tolerate_exactly(key: str, value: str, effect: str) -> k8s.Toleration:
+    """A toleration of one taint as the node group sets it: key, value and effect must all match."""
+    return k8s.Toleration(key=key, operator="Equal", value=value, effect=effect)
 
 
 def accelerator_tolerations() -> list[k8s.Toleration]:

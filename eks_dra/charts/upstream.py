@@ -19,7 +19,7 @@ class HelmChartSpec:
     id: str  # construct id and Helm release name
     chart: str
     repository: str  # https:// or oci://
-    version: str | None  # None: the chart's latest (the guide pins none for the Neuron chart)
+    version: str  # pinned: an unpinned chart installs whatever the registry calls latest on the next deploy
     namespace: str
     values: dict[str, Any] = field(default_factory=dict)
     create_namespace: bool = True
@@ -31,11 +31,16 @@ def _dra_node_affinity(family: str) -> dict:
     ]}}}
 
 
-def _tolerations() -> list[dict]:
-    return [{"key": key, "operator": "Exists", "effect": "NoSchedule"} for key in labels.ACCELERATOR_TAINTS]
+Taints = tuple[tuple[str, str, str], ...]  # (key, value, effect) of the DRA node groups' own taints
 
 
-def nvidia_dra_driver() -> HelmChartSpec:
+def _tolerations(user_taints: Taints) -> list[dict]:
+    """The accelerator taints, and the node groups' own taints exactly (as the eks-dra drivers tolerate them)."""
+    return [*({"key": key, "operator": "Exists", "effect": "NoSchedule"} for key in labels.ACCELERATOR_TAINTS),
+            *({"key": k, "operator": "Equal", "value": v, "effect": e} for k, v, e in user_taints)]
+
+
+def nvidia_dra_driver(user_taints: Taints = ()) -> HelmChartSpec:
     return HelmChartSpec(
         id="dra-driver-nvidia-gpu",
         chart="dra-driver-nvidia-gpu",
@@ -49,12 +54,12 @@ def nvidia_dra_driver() -> HelmChartSpec:
             # The opaque TimeSlicing config of the time-slicing sample needs this alpha gate.
             "featureGates": {"TimeSlicingSettings": True},
             # The chart's default affinity (nvidia.com/gpu.present) also matches device-plugin GPU groups.
-            "kubeletPlugin": {"affinity": _dra_node_affinity("gpu"), "tolerations": _tolerations()},
+            "kubeletPlugin": {"affinity": _dra_node_affinity("gpu"), "tolerations": _tolerations(user_taints)},
         },
     )
 
 
-def aws_dranet() -> HelmChartSpec:
+def aws_dranet(user_taints: Taints = ()) -> HelmChartSpec:
     return HelmChartSpec(
         id="aws-dranet",
         chart="aws-dranet",
@@ -63,18 +68,25 @@ def aws_dranet() -> HelmChartSpec:
         namespace="kube-system",
         create_namespace=False,
         # The chart tolerates nothing by default; accelerator nodes are tainted.
-        values={"tolerations": _tolerations()},
+        values={"tolerations": _tolerations(user_taints)},
     )
 
 
-def neuron_dra_driver() -> HelmChartSpec:
+def neuron_dra_driver(user_taints: Taints = ()) -> HelmChartSpec:
     return HelmChartSpec(
         id="neuron-helm-chart",
         chart="neuron-helm-chart",
         repository="oci://public.ecr.aws/neuron/neuron-helm-chart",
-        version=None,
+        # The guide pins none. 1.10.0 (https://gallery.ecr.aws/neuron/neuron-helm-chart, chart digest
+        # sha256:ed5d8f73b7a05d3a1edf17b2bfaf277ea995ad1c65b115fa8ba2c7b4dc649346) ships draDriver with the
+        # neuron-dra-driver image 1.2.0 and the draDriver.tolerations value (aws-neuron/neuron-helm-charts
+        # charts/neuron-helm-chart/README.md, "DRA Driver Configuration").
+        version="1.10.0",
         namespace="neuron-dra-driver",
-        values={"devicePlugin": {"enabled": False}, "npd": {"enabled": False}, "draDriver": {"enabled": True}},
+        values={"devicePlugin": {"enabled": False}, "npd": {"enabled": False},
+                # Replaces the chart's default list, which tolerates aws.amazon.com/neuron and CriticalAddonsOnly.
+                "draDriver": {"enabled": True, "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"},
+                                                               *_tolerations(user_taints)]}},
     )
 
 

@@ -14,10 +14,16 @@ import cdk8s
 from eks_dra.charts import labels
 from eks_dra.charts.device_classes import DeviceClasses, DeviceClassesChart
 from eks_dra.charts.device_plugins import DevicePluginsChart, DevicePluginSettings
-from eks_dra.charts.driver_chart import DEFAULT_IMAGE, DriverChart, DriverSettings, SystemNamespaceChart
+from eks_dra.charts.driver_chart import (
+    DEFAULT_IMAGE,
+    DriverChart,
+    DriverNodeGroup,
+    DriverSettings,
+    SystemNamespaceChart,
+)
 from eks_dra.charts.samples import NodeGroupDevices, SamplesChart
 from eks_dra.charts.upstream import UNPINNABLE, UPSTREAM_CHARTS, HelmChartSpec, with_compute_domains
-from eks_dra.config import EnvironmentConfig
+from eks_dra.config import EnvironmentConfig, NodeGroupConfig
 from eks_dra.devices import FAMILIES, simulate_node
 from eks_dra.errors import UserError
 from eks_dra.versions import DRA_DEVICE_TAINTS, DRA_EXTENDED_RESOURCE, RESOURCE_HEALTH_STATUS, VERSIONS
@@ -62,6 +68,17 @@ def _dra_device_kinds(groups: list[NodeGroupDevices]) -> tuple[str, ...]:
     return tuple(k for k in ("gpu", "mig", "efa", "neuron") if k in kinds)
 
 
+def user_taints(group: NodeGroupConfig) -> tuple[tuple[str, str, str], ...]:
+    """The group's own taints (config nodeGroups[].taints) as (key, value, effect), for the drivers to tolerate."""
+    return tuple((t.key, t.value, t.effect) for t in group.taints)
+
+
+def driver_node_groups(env: EnvironmentConfig, family: str) -> tuple[DriverNodeGroup, ...]:
+    """The family's DRA node groups as the driver chart places its DaemonSets on them."""
+    return tuple(DriverNodeGroup(name=g.name, selinux_enforcing=g.ami_family == "bottlerocket", taints=user_taints(g))
+                 for g in env.dra_node_groups(family))
+
+
 def _families(env: EnvironmentConfig, manager: str) -> tuple[str, ...]:
     groups = env.dra_node_groups if manager == labels.MANAGER_DRA else env.device_plugin_node_groups
     return tuple(f for f in FAMILIES if groups(f))
@@ -89,7 +106,7 @@ def build_k8s_app(env: EnvironmentConfig, image: str | None = None, *, outdir: P
             order.append(DriverChart(app, f"eks-dra-driver-{family}", settings=DriverSettings(
                 family=family, driver_name=classes.driver(family), image=image,
                 other_readiness_taints=readiness,
-                selinux_enforcing_hosts=any(g.ami_family == "bottlerocket" for g in env.dra_node_groups(family)),
+                node_groups=driver_node_groups(env, family),
                 device_taints=release.gate(DRA_DEVICE_TAINTS), dra_health=release.gate(RESOURCE_HEALTH_STATUS))))
     groups = node_group_devices(env)
     extended_resources = release.gate(DRA_EXTENDED_RESOURCE)
@@ -146,6 +163,7 @@ def upstream_helm_charts(env: EnvironmentConfig) -> list[HelmChartSpec]:
                 f"{plugin_groups[0].name!r} in device-plugin mode for {family}: the vendor chart's DaemonSet cannot "
                 f"be pinned to DRA node groups and would hand out the same devices as the device plugin; use "
                 f"drivers.{family}: python, or deviceMode: dra for that group")
-        spec = UPSTREAM_CHARTS[family]()
+        taints = tuple(dict.fromkeys(t for g in env.dra_node_groups(family) for t in user_taints(g)))
+        spec = UPSTREAM_CHARTS[family](taints)
         specs.append(with_compute_domains(spec) if family == "gpu" and env.compute_domains else spec)
     return specs

@@ -44,13 +44,14 @@ def pod_fits_labels(pod_spec: dict, node_labels: dict[str, str]) -> bool:
                for term in required["nodeSelectorTerms"])
 
 
-def tolerates(pod_spec: dict, key: str, effect: str) -> bool:
+def tolerates(pod_spec: dict, key: str, effect: str, value: str | None = None) -> bool:
+    """Whether a toleration matches the taint (an Equal toleration must match `value` when one is given)."""
     for t in pod_spec.get("tolerations") or []:
         if t.get("effect") not in (None, "", effect):
             continue
         if t.get("operator") == "Exists" and t.get("key") in (None, key):
             return True
-        if t.get("key") == key:
+        if t.get("key") == key and (value is None or t.get("value", "") == value):
             return True
     return False
 

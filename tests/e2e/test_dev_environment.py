@@ -240,10 +240,18 @@ def claim_of(dev: DevCluster, pod_name: str, ns: str = SAMPLES_NAMESPACE) -> dic
 
 def test_daemonsets_land_on_exactly_their_node_groups(dev):
     """The real DaemonSet controller and scheduler, on the node-group labels and taints: each driver's pods go to
-    the nodes of its family (tolerating the accelerator and readiness taints), device plugins to none of ours."""
+    the nodes of its family (tolerating the accelerator and readiness taints), device plugins to none of ours;
+    the EFA of the Bottlerocket group gets the privileged EFA DaemonSet, every other EFA the unprivileged one."""
     apps = client.AppsV1Api(dev.api)
-    expected = {f"eks-dra-{f}-driver": sorted(n.name for n in dev.nodes.values() if f in n.families)
-                for f in ("gpu", "efa", "neuron")}
+    bottlerocket = {g.name for g in dev.env.node_groups if g.ami_family == "bottlerocket"}
+
+    def nodes(family: str, privileged: bool) -> list[str]:
+        return sorted(n.name for n in dev.nodes.values() if family in n.families and (n.group in bottlerocket) is privileged)
+
+    expected = {"eks-dra-gpu-driver": sorted(n.name for n in dev.nodes.values() if "gpu" in n.families),
+                "eks-dra-efa-driver": nodes("efa", False), "eks-dra-efa-driver-privileged": nodes("efa", True),
+                "eks-dra-neuron-driver": nodes("neuron", False)}
+    assert expected["eks-dra-efa-driver-privileged"] == ["dev-g6e-0"]
 
     def placed():
         placement = {}
@@ -295,7 +303,21 @@ def test_node_identity_cannot_write_other_nodes_or_drivers_slices(dev):
     forbidden(as_gpu_core.patch_node, own, {"metadata": {"labels": {"eks-dra.io/gpu": "device-plugin"}}}, dry_run="All")
     forbidden(as_gpu_core.patch_node, other, {"spec": {"taints": []}}, dry_run="All")
     mine = {"key": "gpu.nvidia.com/not-ready", "value": "true", "effect": "NoSchedule"}
-    as_gpu_core.patch_node(own, {"spec": {"taints": [*node["spec"].get("taints", []), mine]}}, dry_run="All")
+    with_mine = [*node["spec"].get("taints", []), mine]
+    # ... and nothing else of its own Node: no owner, finalizer, pod CIDR, provider id, or a NoExecute taint.
+    owner = {"apiVersion": "v1", "kind": "Namespace", "name": "default", "uid": node["metadata"]["uid"]}
+    for patch in ({"metadata": {"ownerReferences": [owner]}}, {"metadata": {"finalizers": ["example.com/keep"]}},
+                  {"spec": {"podCIDR": "10.244.99.0/24", "podCIDRs": ["10.244.99.0/24"]}},
+                  {"spec": {"providerID": "aws:///us-east-2a/i-0forged"}},
+                  {"spec": {"taints": [*node["spec"].get("taints", []), {**mine, "effect": "NoExecute"}]}},
+                  {"spec": {"taints": with_mine}, "metadata": {"finalizers": ["example.com/keep"]}}):
+        forbidden(as_gpu_core.patch_node, own, patch, dry_run="All")
+    # spec.configSource: the API server drops it before admission (pkg/registry/core/node/strategy.go,
+    # dropDisabledFields), so the patch changes nothing; the policy guards it all the same.
+    source = {"configMap": {"name": "c", "namespace": "kube-system", "kubeletConfigKey": "kubelet"}}
+    dropped = as_gpu_core.patch_node(own, {"spec": {"configSource": source}}, dry_run="All")
+    assert dropped.spec.config_source is None
+    as_gpu_core.patch_node(own, {"spec": {"taints": with_mine}}, dry_run="All")
     # Nothing changed for real.
     assert dev.slices_by_pool()[("gpu.nvidia.com", other)][0]["metadata"]["resourceVersion"] == \
         other_gpu["metadata"]["resourceVersion"]

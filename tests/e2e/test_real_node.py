@@ -31,6 +31,7 @@ from kubernetes.client.rest import ApiException
 from realnode import HOST_ROOT_PATH, ApiServerRoute, RealNode, ToolsMissing, ensure_tools
 from realnode_checks import check_script, expected_for, passed_checks
 
+from eks_dra.charts.driver_chart import CONTAINER_DRIVER_ROOT, HOST_ROOT
 from eks_dra.devices.names import DEFAULT_DRIVER_NAMES
 from eks_dra.drivers.framework.cdi import spec_file_name
 
@@ -106,16 +107,21 @@ class RealCluster:
 
     def localize(self, obj: dict) -> dict:
         """The two changes to the shipped objects, both because no real machine is underneath: the drivers'
-        host-root volume is the node's fixture tree (HOST_ROOT_PATH in the node's mount namespace) instead of
-        "/" (and so is the GPU driver root, whose libraries and nvidia-cdi-hook the specs name by their path in
+        host-tree volumes are below the node's fixture tree (HOST_ROOT_PATH in the node's mount namespace)
+        instead of "/" (and so is the GPU driver root, whose libraries and nvidia-cdi-hook the specs name by their path in
         the node's mount namespace), and the samples use the locally built busybox instead of the registry's."""
         obj = copy.deepcopy(obj)
         spec = obj.get("spec") or {}
         pod_spec = spec.get("template", {}).get("spec") if obj["kind"] in ("DaemonSet", "Job") else spec
         if obj["kind"] == "DaemonSet":
+            # The host-tree volumes (all of `/`, or only /sys, /dev and the boot id) and the GPU driver root:
+            # the same paths below the fixture tree.
+            host_tree = {m["name"] for c in pod_spec["containers"] for m in c.get("volumeMounts") or []
+                         if m["mountPath"] in (HOST_ROOT, CONTAINER_DRIVER_ROOT)
+                         or m["mountPath"].startswith(HOST_ROOT + "/")}
             for volume in pod_spec.get("volumes") or []:
-                if volume["name"] in ("host-root", "driver-root"):
-                    volume["hostPath"]["path"] = HOST_ROOT_PATH
+                if volume["name"] in host_tree:
+                    volume["hostPath"]["path"] = HOST_ROOT_PATH + volume["hostPath"]["path"].rstrip("/")
             for c in pod_spec["containers"]:
                 for env in c.get("env") or []:
                     if env["name"] == "NVIDIA_DRIVER_ROOT":
