@@ -70,11 +70,8 @@ def fill_leaving(directory: Path, free_bytes: int) -> Path:
     """A file that takes all the free space of `directory`'s file system but `free_bytes`."""
     st = os.statvfs(directory)
     filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        fsutil.write_all(fd, b"\0" * (st.f_bavail * st.f_frsize - free_bytes))
-    finally:
-        os.close(fd)
+    with open(filler, "xb") as f:  # a buffered file writes on after a short write
+        f.write(b"\0" * (st.f_bavail * st.f_frsize - free_bytes))
     assert os.statvfs(directory).f_bavail * st.f_frsize == free_bytes
     return filler
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import crashpoints
-from .fsutil import WriteError, atomic_write, fsync_dir
+from .fsutil import WriteError, atomic_write, fsync_dir, read_all
 
 CHECKPOINT_FILE_NAME = "checkpoint.json"
 CURRENT_VERSION = 2
@@ -219,13 +219,11 @@ class CheckpointStore:
         fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
-            chunks = []
-            while chunk := os.read(fd, max(st.st_size, 65536)):
-                chunks.append(chunk)
+            raw = read_all(fd)
         except BaseException:
             os.close(fd)
             raise
-        return fd, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), b"".join(chunks)
+        return fd, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), raw
 
     def save(self, cp: Checkpoint, version: int = CURRENT_VERSION, durable: bool = True) -> None:
         """Atomically replace the file; `durable` also fsyncs it (needed only for what must survive power loss:

@@ -39,8 +39,9 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def read_all(fd: int, offset: int = 0) -> bytes:
-    chunks = []
+def read_all(fd: int) -> bytes:
+    """Every byte of the open file `fd`, from its start (pread: whatever its offset)."""
+    chunks, offset = [], 0
     while chunk := os.pread(fd, 1 << 20, offset):
         chunks.append(chunk)
         offset += len(chunk)

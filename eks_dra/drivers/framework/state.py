@@ -495,7 +495,7 @@ class DeviceState:
                 try:
                     self._apply(rec)
                     count += 1
-                except (ClaimError, SetupError) as exc:
+                except (ClaimError, SetupError, WriteError) as exc:  # the reconciler writes a missing spec again
                     log.error("could not re-apply claim after reboot", extra={"claim": rec.uid, "error": str(exc)})
         cp.boot_id = boot_id
         self.store.save(cp)
