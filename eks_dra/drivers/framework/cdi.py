@@ -10,13 +10,14 @@ Fully-qualified ids returned to the kubelet: `k8s.<driver>/claim=<claimUID>-<dev
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .fsutil import atomic_write
+from .fsutil import WriteError, atomic_write, read_no_follow
 
 CDI_CLASS = "claim"
 _SPEC_RE = re.compile(r"^k8s\.(?P<driver>.+)-claim_(?P<uid>[0-9a-fA-F-]{1,64})\.json$")
@@ -106,19 +107,58 @@ class CdiDir:
         return self.root / spec_file_name(self.driver, claim_uid)
 
     def write(self, claim_uid: str, spec: dict) -> Path:
+        """Write the claim's spec; returns once the file at its name was read back and holds exactly these bytes.
+
+        Anything else raises WriteError (naming the file and the cause, e.g. no space left on device) and leaves
+        no spec of the claim: a claim whose spec could not be written has none, never a torn one (the kubelet's
+        retry or the reconciler writes it again).
+        """
         path = self.path(claim_uid)
         # compact: the C encoder (an indent makes json use its pure-Python one, ~10x slower)
-        atomic_write(path, json.dumps(spec, sort_keys=True, separators=(",", ":")).encode(), 0o644, self.durable)
+        data = json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()
+        try:
+            atomic_write(path, data, 0o644, self.durable)
+            try:
+                written = read_no_follow(path)
+            except OSError as exc:
+                raise WriteError(path, f"cannot read it back ({exc.strerror})") from exc
+            if written != data:  # the JSON of `spec` itself: equal bytes are the spec meant, parsed the same
+                raise WriteError(path, f"read back {len(written)} bytes that are not the {len(data)} written")
+        except WriteError:
+            self.remove(claim_uid)
+            raise
         return path
 
     def read(self, claim_uid: str) -> dict | None:
         try:
-            return json.loads(self.path(claim_uid).read_bytes())
-        except (FileNotFoundError, ValueError):
+            return json.loads(read_no_follow(self.path(claim_uid)))
+        except (OSError, ValueError):
             return None
 
-    def exists(self, claim_uid: str) -> bool:
-        return self.path(claim_uid).is_file()
+    def problem(self, claim_uid: str, devices: list[str]) -> str | None:
+        """Why the claim's spec on disk does not give its containers `devices` (published names), or None.
+
+        The text completes "the spec was ...": missing, a symlink, unreadable, not JSON (torn), or a spec of
+        another kind or of other devices.
+        """
+        try:
+            raw = read_no_follow(self.path(claim_uid))
+        except FileNotFoundError:
+            return "missing"
+        except OSError as exc:
+            return "a symlink" if exc.errno == errno.ELOOP else f"unreadable ({exc.strerror})"
+        try:
+            spec = json.loads(raw)
+        except ValueError:
+            return f"not valid JSON ({len(raw)} bytes: torn or overwritten)"
+        kind = f"{vendor(self.driver)}/{CDI_CLASS}"
+        if not isinstance(spec, dict) or spec.get("kind") != kind or not isinstance(spec.get("devices"), list):
+            return f"not a CDI spec of kind {kind}"
+        names = sorted(str(d.get("name")) for d in spec["devices"] if isinstance(d, dict))
+        meant = sorted(cdi_device_name(claim_uid, d) for d in devices)
+        if names != meant:
+            return f"naming devices {', '.join(names) or 'none'} instead of {', '.join(meant)}"
+        return None
 
     def remove(self, claim_uid: str) -> bool:
         try:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import crashpoints
-from .fsutil import atomic_write, fsync_dir
+from .fsutil import WriteError, atomic_write, fsync_dir, read_all
 
 CHECKPOINT_FILE_NAME = "checkpoint.json"
 CURRENT_VERSION = 2
@@ -218,26 +218,34 @@ class CheckpointStore:
         fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
-            chunks = []
-            while chunk := os.read(fd, max(st.st_size, 65536)):
-                chunks.append(chunk)
+            raw = read_all(fd)
         except BaseException:
             os.close(fd)
             raise
-        return fd, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), b"".join(chunks)
+        return fd, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), raw
 
     def save(self, cp: Checkpoint, version: int = CURRENT_VERSION, durable: bool = True) -> None:
         """Atomically replace the file; `durable` also fsyncs it (needed only for what must survive power loss:
-        a process crash keeps the page cache)."""
+        a process crash keeps the page cache).
+
+        Whole or failed: raises WriteError (naming the file and the cause) unless the file now at the path is the
+        one written and read back; only then does the cache hold `cp` (callers mutate the cached object, so a
+        failed write also drops the cache: the next load reads what is really on disk).
+        """
         raw = encode(cp, self.driver, self.node_name, version)
         try:
-            atomic_write(self.path, raw, 0o600, self.durable and durable)
+            written = atomic_write(self.path, raw, 0o600, self.durable and durable)
             self.writes += 1
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)  # the caller holds the lock: this is our file
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
-            self._set_cache(None)  # callers mutate the cached object: force a re-read
+            self._set_cache(None)
             raise
         st = os.fstat(fd)
+        if (st.st_dev, st.st_ino, st.st_size) != (written.st_dev, written.st_ino, len(raw)):
+            # The caller holds the node lock: nothing else may replace the file between the rename and this open.
+            os.close(fd)
+            self._set_cache(None)
+            raise WriteError(self.path, "replaced by another writer while the node lock was held")
         self._set_cache(((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), cp, fd))
 
     def replace_corrupt(self, rebuilt: Checkpoint) -> Path:

@@ -5,7 +5,7 @@ Reasons (type):
     CheckpointTooNew (Warning)        a newer driver's checkpoint; this (older) driver refuses to run
     StateRebuilt (Normal)             prepared claims rebuilt from the API and the CDI directory
     BootChanged (Normal)              new boot id: CDI specs and device settings re-applied
-    CDISpecRewritten (Normal)         a prepared claim's CDI spec was missing and was rewritten
+    CDISpecRewritten (Normal)         a prepared claim's CDI spec was missing, torn or wrong and was rewritten
     OrphanCleaned (Normal)            a prepared claim without a live allocation was cleaned up
     DeviceUnhealthy (Warning)         a device was withdrawn from the ResourceSlices
     DeviceHealthy (Normal)            a device came back

@@ -8,7 +8,7 @@ get there). One pass:
    re-created (other UID), deallocated, or no longer allocated here is an orphan: its settings are
    reverted, its CDI spec removed, its record dropped (Event OrphanCleaned, metric);
 3. under the node lock: CDI specs of this driver without a record are removed (orphan spec), a completed
-   claim whose spec is missing gets it rewritten.
+   claim whose spec is missing, torn or names other devices gets it rewritten.
 API errors end the pass early (nothing is cleaned on doubt) and the next pass tries again.
 """
 
@@ -21,6 +21,7 @@ from . import crashpoints
 from .checkpoint import CheckpointCorrupt
 from .configs import ConfigError
 from .device_setup import SetupError
+from .fsutil import WriteError
 from .kube import ApiError
 from .state import ClaimError, DeviceState
 
@@ -121,11 +122,11 @@ class Reconciler:
                 st.metrics.orphans_cleaned.labels(st.driver, "cdi_spec").inc()
                 st.events.normal("OrphanCleaned", f"{st.driver}: removed CDI spec of unknown claim {uid}")
             for rec in list(cp.claims.values()):
-                if rec.completed and not rec.incomplete and not st.cdi.exists(rec.uid):
-                    try:
-                        st.ensure_spec(rec)
-                        counts["rewritten"] += 1
-                    except ClaimError as exc:
+                if rec.completed and not rec.incomplete:
+                    try:  # the content, not only the name: a torn or overwritten spec fails the claim's containers
+                        if st.ensure_spec(rec):
+                            counts["rewritten"] += 1
+                    except (ClaimError, WriteError) as exc:
                         log.error("cannot rewrite CDI spec", extra={"claim": rec.uid, "error": str(exc)})
             st.metrics.prepared_claims.labels(st.driver).set(len(st.store.load().claims))
         st.metrics.reconcile_runs.labels(st.driver).inc()

@@ -2,7 +2,7 @@
 
 Prepare of one claim:
   1. (no lock) a claim recorded PrepareCompleted returns its recorded devices, after making sure its CDI
-     spec still exists (rewritten if not: /var/run/cdi is a tmpfs);
+     spec is still there and whole (rewritten if not: /var/run/cdi is a tmpfs);
   2. (no lock) fetch the claim; refuse a UID mismatch, a claim that is not allocated, allocated to another
      node (pool = node name) or naming devices this node does not have or that are unhealthy; decode the
      opaque configs strictly;
@@ -10,6 +10,8 @@ Prepare of one claim:
      PrepareStarted when a hardware setting is about to change, apply device settings, write the CDI spec,
      record PrepareCompleted (fsynced) and only then answer the kubelet. Prepares that queue for the lock at
      the same time are committed together, with one fsynced checkpoint write (group commit).
+Spec and checkpoint are written whole and read back, or the claim's answer is the error naming the file and the
+cause ("cannot write <file>: No space left on device"); a spec that could not be written is removed.
 A crash between any two steps leaves a state that the next prepare (or the reconciler) repairs: a
 PrepareStarted record keeps its devices reserved and its settings revertible until its claim is prepared
 again or goes away; a CDI spec without a record is rewritten by the retry or removed by the reconciler.
@@ -49,6 +51,7 @@ from .checkpoint import (
 from .configs import ConfigError, DeviceSettings, settings_per_request
 from .device_setup import DeviceSetup, SetupError, admin_access_refusal, describe, hardware_changes
 from .family import DeviceFamily
+from .fsutil import WriteError
 from .kube import ApiError
 from .lock import LockTimeout, NodeLock
 
@@ -153,7 +156,7 @@ class DeviceState:
                 out[ref.uid] = ([], f"{self.driver}: claim {ref}: {exc}; the checkpoint is being moved aside and "
                                     "rebuilt, the kubelet's retry will succeed")
                 self.metrics.prepare.labels(self.driver, "error").inc()
-            except (ClaimError, ConfigError, SetupError, LockTimeout) as exc:
+            except (ClaimError, ConfigError, SetupError, LockTimeout, WriteError) as exc:
                 out[ref.uid] = ([], f"{self.driver}: claim {ref}: {exc}")
                 self.metrics.prepare.labels(self.driver, "error").inc()
                 log.warning("prepare refused", extra={"claim": ref.uid, "claimRef": str(ref), "error": str(exc)})
@@ -485,15 +488,18 @@ class DeviceState:
                     raise ClaimError(f"device node {path} of {owner} is missing on node {self.node_name} "
                                      "(device driver not loaded?); the kubelet retries once it is back")
 
-    def ensure_spec(self, rec: ClaimRecord) -> None:
-        """Rewrite a prepared claim's CDI spec if it is gone (tmpfs after reboot, wiped directory)."""
-        if self.cdi.exists(rec.uid):
-            return
+    def ensure_spec(self, rec: ClaimRecord) -> bool:
+        """Rewrite a prepared claim's CDI spec unless it is there and names the claim's devices (a tmpfs after a
+        reboot, a wiped directory, a torn or overwritten file); True when it was rewritten."""
+        problem = self.cdi.problem(rec.uid, [d.device_name for d in rec.devices])
+        if problem is None:
+            return False
         self._apply(rec)
         self.store.save(self.store.load())
         self.metrics.cdi_rewritten.labels(self.driver).inc()
-        self.events.normal("CDISpecRewritten", f"{self.driver}: CDI spec of prepared claim {rec.ref()} was missing "
+        self.events.normal("CDISpecRewritten", f"{self.driver}: CDI spec of prepared claim {rec.ref()} was {problem} "
                                                "and has been rewritten")
+        return True
 
     # ----- unprepare
     def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:
@@ -573,7 +579,7 @@ class DeviceState:
                 try:
                     self._apply(rec)
                     count += 1
-                except (ClaimError, SetupError) as exc:
+                except (ClaimError, SetupError, WriteError) as exc:  # the reconciler writes a missing spec again
                     log.error("could not re-apply claim after reboot", extra={"claim": rec.uid, "error": str(exc)})
         cp.boot_id = boot_id
         self.store.save(cp)
