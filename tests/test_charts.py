@@ -84,6 +84,7 @@ def test_cluster_role_is_least_privilege() -> None:
         ("resource.k8s.io", "resourceslices"): sorted(["get", "list", "watch", "create", "update", "patch", "delete"]),
         ("resource.k8s.io", "resourceclaims"): ["get", "list", "watch"],
         ("", "nodes"): ["get", "patch"],
+        ("", "pods"): ["list"],
         ("", "events"): ["create", "patch"],
         ("events.k8s.io", "events"): ["create", "patch"],
     }

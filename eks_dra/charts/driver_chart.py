@@ -115,6 +115,9 @@ class DriverChart(cdk8s.Chart):
             # get: the Node's uid for slice ownerReferences; patch: removing its own readiness taint (issue 7),
             # narrowed by the node admission policy to that one taint on its own node.
             k8s.PolicyRule(api_groups=[""], resources=["nodes"], verbs=["get", "patch"]),
+            # Recovery after a lost checkpoint finds the claims in use here through this node's pods
+            # (fieldSelector spec.nodeName), never through a cluster-wide claim list.
+            k8s.PolicyRule(api_groups=[""], resources=["pods"], verbs=["list"]),
             # Warning Events on the Node (corrupt checkpoint, device withdrawn).
             k8s.PolicyRule(api_groups=["", "events.k8s.io"], resources=["events"], verbs=["create", "patch"]),
         ]
