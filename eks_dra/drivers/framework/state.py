@@ -3,9 +3,10 @@
 Prepare of one claim:
   1. (no lock) a claim recorded PrepareCompleted returns its recorded devices, after making sure its CDI
      spec still exists (rewritten if not: /var/run/cdi is a tmpfs);
-  2. (no lock) fetch the claim; refuse a UID mismatch, a claim that is not allocated, allocated to another
-     node (pool = node name) or naming devices this node does not have or that are unhealthy; decode the
-     opaque configs strictly;
+  2. (no lock) fetch the claim (the call's claims in parallel, each read within the kubelet call's deadline:
+     a claim not read in time gets its own error, the others their answers); refuse a UID mismatch, a claim
+     that is not allocated, allocated to another node (pool = node name) or naming devices this node does not
+     have or that are unhealthy; decode the opaque configs strictly;
   3. (node lock) refuse devices recorded for another claim (a forged or racing double allocation), record
      PrepareStarted when a hardware setting is about to change, apply device settings, write the CDI spec,
      record PrepareCompleted (fsynced) and only then answer the kubelet. Prepares that queue for the lock at
