@@ -95,7 +95,7 @@ def test_sockets_serve_before_the_state_is_attached():
         assert not answered.is_set()  # a DRA call waits for the driver to be ready ...
 
         class Ready:
-            def prepare(self, refs):
+            def prepare(self, refs, deadline):
                 return {}
 
         servers.attach(Ready())

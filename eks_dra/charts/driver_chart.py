@@ -176,11 +176,14 @@ class DriverChart(cdk8s.Chart):
             # The driver lists, watches and writes its node's pool; the policy below keeps it to its own node.
             k8s.PolicyRule(api_groups=["resource.k8s.io"], resources=["resourceslices"],
                            verbs=["list", "watch", "create", "update", "delete"]),
-            # Prepare reads the allocated claim; the reconciler lists claims allocated to this node.
-            k8s.PolicyRule(api_groups=["resource.k8s.io"], resources=["resourceclaims"], verbs=["get", "list"]),
+            # Prepare and the reconciler read each claim by name; nothing lists the cluster's claims.
+            k8s.PolicyRule(api_groups=["resource.k8s.io"], resources=["resourceclaims"], verbs=["get"]),
             # get: the Node's uid for slice ownerReferences; patch: its own readiness taint, narrowed by the
             # node admission policy to that one taint on its own node.
             k8s.PolicyRule(api_groups=[""], resources=["nodes"], verbs=["get", "patch"]),
+            # Recovery after a lost checkpoint finds the claims in use here through this node's pods
+            # (fieldSelector spec.nodeName), never through a cluster-wide claim list.
+            k8s.PolicyRule(api_groups=[""], resources=["pods"], verbs=["list"]),
         ]
         subjects = [k8s.Subject(kind="ServiceAccount", name=s.name, namespace=s.namespace)]
         role = k8s.KubeClusterRole(self, "cluster-role",

@@ -8,7 +8,12 @@ Kubernetes semantics where the drivers depend on them.
 - WATCH from a resourceVersion replays later events, streams new ones, sends BOOKMARKs when asked,
   ends after timeoutSeconds, and answers 410 Gone (as an ERROR event) for a version older than the
   retained history (compaction);
-- JSON patch (test/add/replace/remove) on Nodes; Events are accepted and kept.
+- JSON patch (test/add/replace/remove) on Nodes; Events are accepted and kept;
+- Pods: a claim put with `reservedFor` pods gets those pods, bound to the node its allocation names and
+  using the claim by name (what the scheduler and kubelet leave); LIST with fieldSelector spec.nodeName,
+  paged with limit/continue; `claim_lists` counts cluster-wide claim LISTs;
+- `put_raw_claim` stores a claim as raw JSON bytes, served as is (objects Python's encoder cannot write,
+  e.g. nested thousands of levels deep); `claim_delay_s[name]` stalls a claim's GET.
 Faults: `fail_all` (every call 503), `drop_watches()` (close every open watch), `compact()`.
 `writes` counts successful writes per (resource, verb) for the zero-idle-writes checks.
 """
@@ -36,6 +41,10 @@ class FakeKube:
         self.rv = 100
         self.slices: dict[str, dict] = {}
         self.claims: dict[tuple[str, str], dict] = {}
+        self.raw_claims: dict[tuple[str, str], bytes] = {}
+        self.pods: dict[tuple[str, str], dict] = {}
+        self.claim_lists = 0
+        self.claim_delay_s: dict[str, float] = {}
         self.nodes: dict[str, dict] = {}
         self.events: list[dict] = []
         self.slice_events: list[tuple[int, str, dict]] = []  # (rv, type, object)
@@ -90,7 +99,33 @@ class FakeKube:
             meta.setdefault("uid", str(uuid.uuid4()))
             meta["resourceVersion"] = self._next_rv()
             self.claims[(meta["namespace"], meta["name"])] = claim
+            nodes = [v for term in (((claim.get("status") or {}).get("allocation") or {}).get("nodeSelector") or {})
+                     .get("nodeSelectorTerms", []) for f in term.get("matchFields", []) for v in f.get("values", [])]
+            for user in (claim.get("status") or {}).get("reservedFor") or []:
+                if user.get("resource") == "pods" and nodes:
+                    self.add_pod(meta["namespace"], user["name"], nodes[0], [meta["name"]], uid=user.get("uid"))
             return copy.deepcopy(claim)
+
+    def put_raw_claim(self, namespace: str, name: str, body: bytes) -> None:
+        with self.lock:
+            self.raw_claims[(namespace, name)] = body
+
+    def add_pod(self, namespace: str, name: str, node: str, claims: list[str], *, uid: str | None = None,
+                from_template: bool = False) -> dict:
+        """A pod bound to `node` using `claims` by name (`from_template`: named in status, as generated claims are)."""
+        with self.lock:
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4()),
+                                "resourceVersion": self._next_rv()},
+                   "spec": {"nodeName": node, "resourceClaims": [
+                       {"name": f"c{i}", **({"resourceClaimTemplateName": "t"} if from_template
+                                            else {"resourceClaimName": c})} for i, c in enumerate(claims)]},
+                   "status": {"phase": "Running"}}
+            if from_template:
+                pod["status"]["resourceClaimStatuses"] = [{"name": f"c{i}", "resourceClaimName": c}
+                                                          for i, c in enumerate(claims)]
+            self.pods[(namespace, name)] = pod
+            return copy.deepcopy(pod)
 
     def delete_claim(self, namespace: str, name: str) -> None:
         with self.lock:
@@ -197,7 +232,9 @@ def _handler(kube: FakeKube):
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def _send(self, code: int, body: dict) -> None:
-            data = json.dumps(body).encode()
+            self._send_bytes(code, json.dumps(body).encode())
+
+        def _send_bytes(self, code: int, data: bytes) -> None:
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -229,15 +266,23 @@ def _handler(kube: FakeKube):
                     return self._slice(verb, m.group(1), body)
                 m = re.fullmatch(rf"{RESOURCE}/namespaces/([^/]+)/resourceclaims/([^/]+)", path)
                 if m and verb == "GET":
+                    time.sleep(kube.claim_delay_s.get(m.group(2), 0))
                     with kube.lock:
+                        raw = kube.raw_claims.get((m.group(1), m.group(2)))
+                        if raw is not None:
+                            return self._send_bytes(200, raw)
                         claim = kube.claims.get((m.group(1), m.group(2)))
                         if claim is None:
                             return self._send(404, _status(404, "NotFound", f'resourceclaims "{m.group(2)}" not found'))
                         return self._send(200, copy.deepcopy(claim))
                 if path == f"{RESOURCE}/resourceclaims" and verb == "GET":
                     with kube.lock:
-                        return self._send(200, {"kind": "ResourceClaimList", "metadata": {"resourceVersion": str(kube.rv)},
-                                                "items": [copy.deepcopy(c) for c in kube.claims.values()]})
+                        kube.claim_lists += 1
+                        items = [json.dumps(c).encode() for c in kube.claims.values()] + list(kube.raw_claims.values())
+                        return self._send_bytes(200, b'{"kind": "ResourceClaimList", "metadata": {"resourceVersion": "'
+                                                + str(kube.rv).encode() + b'"}, "items": [' + b", ".join(items) + b"]}")
+                if path == "/api/v1/pods" and verb == "GET":
+                    return self._list_pods(query)
                 m = re.fullmatch(r"/api/v1/nodes/([^/]+)", path)
                 if m:
                     return self._node(verb, m.group(1), body)
@@ -266,6 +311,16 @@ def _handler(kube: FakeKube):
 
         def do_DELETE(self):  # noqa: N802
             self._route("DELETE")
+
+        # ----- Pods
+        def _list_pods(self, query):
+            with kube.lock:
+                items = [copy.deepcopy(p) for p in kube.pods.values() if _matches(p, query.get("fieldSelector", ""))]
+                offset = int(query.get("continue") or 0)
+                limit = int(query.get("limit") or 0) or len(items)
+                page, more = items[offset:offset + limit], offset + limit < len(items)
+                self._send(200, {"kind": "PodList", "apiVersion": "v1", "items": page, "metadata": {
+                    "resourceVersion": str(kube.rv), **({"continue": str(offset + limit)} if more else {})}})
 
         # ----- ResourceSlices
         def _list_slices(self, query):

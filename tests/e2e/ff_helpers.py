@@ -88,6 +88,7 @@ def ensure_driver_rbac(api: client.ApiClient) -> None:
             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["*"]},
             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
             {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         ],
     })

@@ -6,6 +6,8 @@ serving a stale entry); the claim-wide edits (common device nodes such as /dev/n
 environment, and the family's common edits: for GPUs the driver root's libraries, binaries, firmware and
 hooks, see gpu/cdi_edits.py) sit at spec level and apply whenever any of the spec's devices is injected.
 Fully-qualified ids returned to the kubelet: `k8s.<driver>/claim=<claimUID>-<device>`.
+Spec annotations `eks-dra.io/claim-namespace` and `eks-dra.io/claim-name` name the claim (CDI 0.6.0), so a
+driver that lost its checkpoint reads each of its claims by name instead of listing the cluster's claims.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 from .fsutil import WriteError, atomic_write, read_no_follow
 
 CDI_CLASS = "claim"
+CLAIM_NAMESPACE_ANNOTATION = "eks-dra.io/claim-namespace"
+CLAIM_NAME_ANNOTATION = "eks-dra.io/claim-name"
 _SPEC_RE = re.compile(r"^k8s\.(?P<driver>.+)-claim_(?P<uid>[0-9a-fA-F-]{1,64})\.json$")
 
 
@@ -75,12 +79,16 @@ def _edits(device_nodes: list[str], env: dict[str, str], mounts: list[dict], hoo
 
 
 def build_spec(driver: str, claim_uid: str, devices: list[DeviceEdits], common_device_nodes: list[str],
-               claim_env: dict[str, str], common_edits: dict | None = None) -> dict:
+               claim_env: dict[str, str], common_edits: dict | None = None,
+               claim_namespace: str = "", claim_name: str = "") -> dict:
+    """`claim_namespace`/`claim_name`: written as spec annotations (see the module docstring) when given."""
     if not devices:
         raise ValueError("a CDI spec needs at least one device")
     spec: dict = {
         "cdiVersion": "",
         "kind": f"{vendor(driver)}/{CDI_CLASS}",
+        **({"annotations": {CLAIM_NAMESPACE_ANNOTATION: claim_namespace, CLAIM_NAME_ANNOTATION: claim_name}}
+           if claim_namespace and claim_name else {}),
         "devices": [{"name": cdi_device_name(claim_uid, d.name),
                      "containerEdits": _edits(d.device_nodes, d.env, d.mounts, d.hooks)}
                     for d in devices],
@@ -90,6 +98,15 @@ def build_spec(driver: str, claim_uid: str, devices: list[DeviceEdits], common_d
         spec["containerEdits"] = common
     spec["cdiVersion"] = minimum_version(spec)
     return spec
+
+
+def claim_of(spec: dict) -> tuple[str, str]:
+    """(namespace, name) of the claim a spec annotates; ("", "") for a spec without them (an older driver's)."""
+    annotations = spec.get("annotations") if isinstance(spec.get("annotations"), dict) else {}
+    namespace, name = annotations.get(CLAIM_NAMESPACE_ANNOTATION), annotations.get(CLAIM_NAME_ANNOTATION)
+    if isinstance(namespace, str) and isinstance(name, str) and namespace and name:
+        return namespace, name
+    return "", ""
 
 
 class CdiDir:

@@ -17,6 +17,7 @@ import time
 
 from . import crashpoints
 from .cdi import CdiDir
+from .cdi import claim_of as cdi_claim_of
 from .checkpoint import (
     PREPARE_COMPLETED,
     Checkpoint,
@@ -40,7 +41,7 @@ from .publisher import SlicePublisher
 from .readiness import ReadinessTaint
 from .reconciler import Reconciler
 from .safety import device_plugin_conflict
-from .state import ClaimRef, DeviceState
+from .state import ClaimError, ClaimRef, DeviceState, validate_ref
 
 log = logging.getLogger(__name__)
 
@@ -193,10 +194,11 @@ class Driver:
                 self._recover(exc, read_boot_id(self.cfg.host_root))
 
     def _rebuild_from_cdi(self, boot_id: str) -> Checkpoint:
-        """Incomplete records for the claim specs in the CDI directory: devices and CDI ids, nothing else yet.
+        """Incomplete records for the claim specs in the CDI directory: devices, CDI ids and the claim's namespace
+        and name (spec annotations; none in an older driver's spec), nothing else yet.
 
-        Their devices stay reserved from this moment; request names, settings, namespace and name come from the
-        API claim (reconciler pass, or the claim's next prepare, which answers only once that is done).
+        Their devices stay reserved from this moment; request names and settings come from the API claim
+        (reconciler pass, or the claim's next prepare, which answers only once that is done).
         """
         cp = Checkpoint(boot_id=boot_id)
         for uid in sorted(self.cdi.claim_uids()):
@@ -208,8 +210,13 @@ class Driver:
                     device = name[len(uid) + 1:]
                     devices.append(PreparedDevice([], self.cfg.node_name, device,
                                                   [f"{spec.get('kind')}={name}"]))
-            cp.claims[uid] = ClaimRecord(uid, "", "", PREPARE_COMPLETED, devices, self.cdi.path(uid).name, {},
-                                         incomplete=True)
+            namespace, name = cdi_claim_of(spec)
+            try:
+                validate_ref(ClaimRef(namespace, uid, name))
+            except ClaimError:  # no annotations (an older driver's spec) or edited ones: named from the pods
+                namespace = name = ""
+            cp.claims[uid] = ClaimRecord(uid, namespace, name, PREPARE_COMPLETED, devices, self.cdi.path(uid).name,
+                                         {}, incomplete=True)
         return cp
 
     def _repair_after_start(self) -> None:
@@ -231,7 +238,8 @@ class Driver:
 
     def _rebuild_from_api(self) -> None:
         """After a lost checkpoint: complete the records rebuilt from CDI specs and reserve the devices of claims
-        the API shows allocated here and in use that have neither a record nor a spec.
+        that pods bound to this node use, allocated here, that have neither a record nor a spec (one reconcile
+        pass: the claims are read one by one, by name; the cluster's claims are never listed).
 
         Those are not prepared again: without a spec the kubelet either released the claim already (its pod
         ended; `reservedFor` lags behind) or never got "prepared" back, and in both cases only the kubelet knows;
@@ -239,23 +247,10 @@ class Driver:
         keeps a forged or racing allocation of the same devices out until then, costs nothing (the scheduler
         does not hand out allocated devices) and goes with the claim's deallocation at the next reconcile pass.
         """
-        claims = self.api.list_claims()
-        reserved = 0
-        with self.lock.held():
-            cp = self.store.load()
-            for claim in claims:
-                meta = claim.get("metadata") or {}
-                if not (claim.get("status") or {}).get("reservedFor") or meta.get("uid") in cp.claims:
-                    continue
-                ref = ClaimRef(meta.get("namespace", ""), meta.get("uid", ""), meta.get("name", ""))
-                if self.state.reserve(cp, ref, claim):
-                    self.store.save(cp)
-                    crashpoints.reached("recovery.reserved")
-                    reserved += 1
-        counts = self.reconciler.run_once()  # completes the records rebuilt from CDI specs, drops orphans
+        counts = self.reconciler.run_once(reserve_unrecorded=True)  # also completes and drops orphans
         self.events.normal("StateRebuilt", f"{self.cfg.driver_name}: {len(self.store.load().claims)} prepared "
                                            f"claims after rebuild ({counts['completed']} completed from the API, "
-                                           f"{reserved} claims without a CDI spec reserved)")
+                                           f"{counts['reserved']} claims without a CDI spec reserved)")
 
     # ----- loops
     def _poll_inventory(self, rediscover: bool) -> None:

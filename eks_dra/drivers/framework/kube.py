@@ -26,6 +26,9 @@ from typing import Any
 from urllib.parse import quote
 
 DEFAULT_TIMEOUT = (3.05, 15)  # (connect, read) seconds for ordinary calls
+# Pods per page of the node's pod list: a page is one JSON document held in memory at once, and a pod may
+# be up to the API server's 1.5 MiB object limit.
+POD_PAGE = 25
 
 
 def use_slim_import() -> bool:
@@ -106,6 +109,31 @@ class ApiError(Exception):
         self.status = status
 
 
+class MalformedObject(ApiError):
+    """The server answered, but the object cannot be decoded (not JSON, nested too deep, not an object).
+
+    It concerns that one object only: callers skip it and go on with the others."""
+
+
+def decode(data: bytes, what: str) -> dict:
+    """One API object (or list) as a dict; MalformedObject naming `what` when it cannot be decoded.
+
+    Rule: every response body is decoded here. Opaque configs are free-form JSON that the API server stores
+    as given, so anyone who may create a ResourceClaim can make one nested deeper than Python's decoder
+    recurses (RecursionError) or otherwise unreadable; that must fail that object, never the caller's loop.
+    """
+    try:
+        out = json.loads(data)
+    except RecursionError:
+        raise MalformedObject(200, f"{what}: the object is nested deeper than {sys.getrecursionlimit()} levels; "
+                                   "it cannot be read (fix or delete that object)") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise MalformedObject(200, f"{what}: the response is not valid JSON ({exc}); it cannot be read") from None
+    if not isinstance(out, dict):
+        raise MalformedObject(200, f"{what}: the response is a JSON {type(out).__name__}, not an object")
+    return out
+
+
 def api_client(kubeconfig: str | None):
     """A client for the kubeconfig file, or the in-cluster service account when none is given."""
     from kubernetes.client import ApiClient, Configuration
@@ -131,7 +159,7 @@ def json_lines(resp) -> Iterator[dict]:
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
             if line.strip():
-                yield json.loads(line)
+                yield decode(line, "watch event")
 
 
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -162,14 +190,48 @@ class KubeApi:
             raise ApiError(exc.status or 0, _reason(exc)) from None
         except Exception as exc:  # urllib3 connection errors, timeouts
             raise ApiError(0, f"{type(exc).__name__}: {exc}") from None
-        return json.loads(data) if data else {}
+        return decode(data, f"{method} {path}") if data else {}
 
     # --- ResourceClaims
-    def get_claim(self, namespace: str, name: str) -> dict:
-        return self._call("GET", f"{RESOURCE}/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}")
+    def get_claim(self, namespace: str, name: str, timeout_s: float | None = None) -> dict:
+        """One claim; `timeout_s` bounds the whole call (connect and read), e.g. by a kubelet call's deadline."""
+        path = f"{RESOURCE}/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
+        claim = self._call("GET", path, timeout=DEFAULT_TIMEOUT if timeout_s is None else max(timeout_s, 0.001))
+        if not isinstance(claim.get("metadata"), dict) or not isinstance(claim.get("status", {}), dict):
+            raise MalformedObject(200, f"GET {path}: metadata or status is not an object")
+        return claim
 
-    def list_claims(self) -> list[dict]:
-        return self._call("GET", f"{RESOURCE}/resourceclaims").get("items") or []
+    # --- Pods
+    def pod_claim_names(self, node: str) -> Iterator[tuple[str, str]]:
+        """(namespace, name) of every ResourceClaim a pod bound to `node` uses, each once.
+
+        The names are resolved as the kubelet does (k8s.io/dynamic-resource-allocation/resourceclaim Name):
+        `spec.resourceClaims[].resourceClaimName` names a claim directly; a claim made from a template (and the
+        scheduler's claim for extended resources) is named in the pod's status. The pods are read in pages
+        (`limit`/`continue`), so memory stays bounded by a page, not by the cluster.
+        """
+        seen: set[tuple[str, str]] = set()
+        token = ""
+        while True:
+            query = [("fieldSelector", f"spec.nodeName={node}"), ("limit", POD_PAGE)]
+            if token:
+                query.append(("continue", token))
+            try:
+                page = self._call("GET", "/api/v1/pods", query)
+            except ApiError as exc:
+                if exc.status == 410 and token:  # the continue token expired (compaction): read the list again
+                    token = ""
+                    continue
+                raise
+            for pod in page.get("items") or []:
+                for name in _claim_names(pod):
+                    key = (str((pod.get("metadata") or {}).get("namespace", "")), name)
+                    if key not in seen:
+                        seen.add(key)
+                        yield key
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return
 
     # --- ResourceSlices
     def list_slices(self, field_selector: str) -> tuple[list[dict], str]:
@@ -214,6 +276,15 @@ class KubeApi:
 
     def create_event(self, namespace: str, body: dict) -> dict:
         return self._call("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=body)
+
+
+def _claim_names(pod: dict) -> list[str]:
+    """The ResourceClaim names one pod uses (see KubeApi.pod_claim_names); malformed entries are skipped."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    entries = [*(spec.get("resourceClaims") or []), *(status.get("resourceClaimStatuses") or []),
+               status.get("extendedResourceClaimStatus") or {}]
+    return [e["resourceClaimName"] for e in entries
+            if isinstance(e, dict) and isinstance(e.get("resourceClaimName"), str) and e["resourceClaimName"]]
 
 
 def _reason(exc) -> str:

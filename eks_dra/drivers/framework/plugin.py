@@ -39,6 +39,7 @@ DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+ANSWER_MARGIN_S = 0.5  # of a kubelet call's deadline, kept for sending the answer back
 STARTING_WAIT_S = 30.0  # a DRA call arriving while the driver starts waits this long (kubelet: 45 s)
 
 
@@ -89,6 +90,14 @@ class StateSlot:
         return self._state
 
 
+def _answer_by(context) -> float | None:
+    """When (time.monotonic()) a call's answers must be ready: its deadline less the time to send them back."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return None
+    return time.monotonic() + remaining - min(ANSWER_MARGIN_S, remaining / 10)
+
+
 def _dra_servicer(pb2, base, slot: StateSlot):
     """A DRAPlugin servicer for one API version (v1 and v1beta1 share messages field for field)."""
 
@@ -101,7 +110,7 @@ def _dra_servicer(pb2, base, slot: StateSlot):
         def NodePrepareResources(self, request, context):  # noqa: N802
             state = slot.get(context)
             resp = pb2.NodePrepareResourcesResponse()
-            for uid, (devices, error) in state.prepare(refs(request)).items():
+            for uid, (devices, error) in state.prepare(refs(request), _answer_by(context)).items():
                 entry = resp.claims[uid]
                 if error:
                     entry.error = error

@@ -2,11 +2,15 @@
 
 The first pass runs `first_pass_s` after start (not a full interval: a driver that restarts often must still
 get there). One pass:
-1. incomplete records (rebuilt from the CDI directory after a lost checkpoint) are matched to the API's
-   claims by UID with one LIST and completed from them (name, request names, settings);
+1. incomplete records (rebuilt from the CDI directory after a lost checkpoint) are completed from their
+   claims (request names, settings), each read by the namespace and name its CDI spec annotates; a record
+   without them (a spec of an older driver) is named from the claims of the pods bound to this node (a paged
+   pod list, then a GET per claim), which also finds, after a lost checkpoint, the claims in use here with
+   neither record nor spec. No pass lists the cluster's claims: its memory is this node's, not the cluster's;
 2. every recorded claim is read from the API (outside the node lock); a claim that is gone (404), was
    re-created (other UID), deallocated, or no longer allocated here is an orphan: its settings are
-   reverted, its CDI spec removed, its record dropped (Event OrphanCleaned, metric);
+   reverted, its CDI spec removed, its record dropped (Event OrphanCleaned, metric); a claim that cannot
+   be decoded (MalformedObject) is logged and kept, and the others are handled;
 3. under the node lock: CDI specs of this driver without a record are removed (orphan spec), a completed
    claim whose spec is missing, torn or names other devices gets it rewritten.
 API errors end the pass early (nothing is cleaned on doubt) and the next pass tries again.
@@ -22,8 +26,8 @@ from .checkpoint import CheckpointCorrupt
 from .configs import ConfigError
 from .device_setup import SetupError
 from .fsutil import WriteError
-from .kube import ApiError
-from .state import ClaimError, DeviceState
+from .kube import ApiError, MalformedObject
+from .state import ClaimError, ClaimRef, DeviceState
 
 log = logging.getLogger(__name__)
 
@@ -56,52 +60,113 @@ class Reconciler:
             except Exception:  # noqa: BLE001 - the loop must survive anything
                 log.exception("reconcile pass failed")
 
-    def run_once(self) -> dict[str, int]:
+    def run_once(self, reserve_unrecorded: bool = False) -> dict[str, int]:
+        """One pass; `reserve_unrecorded` (after a lost checkpoint): also reserve the devices of claims that pods
+        on this node use, allocated here, with neither record nor CDI spec."""
         with self._pass_lock:
-            return self._pass()
+            return self._pass(reserve_unrecorded)
 
-    def _complete_rebuilt(self, counts: dict[str, int]) -> None:
+    def _get(self, namespace: str, name: str) -> dict | None:
+        """One claim (None: it does not exist). Raises MalformedObject for an unreadable one (callers skip it:
+        one bad object never stops the others) and ApiError when the API fails (the pass ends)."""
+        try:
+            return self.state.api.get_claim(namespace, name)
+        except MalformedObject:
+            raise
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            return None
+
+    def _scan_pod_claims(self, reserve: bool, fetched: dict[str, dict | None], counts: dict[str, int]) -> bool:
+        """Read the claims that the pods bound to this node use (never the cluster's claim list): name rebuilt
+        records without a name (CDI specs of an older driver, which did not annotate the claim) and, with
+        `reserve`, reserve claims in use with neither record nor spec. The claims of recorded UIDs go into
+        `fetched`. False when a claim could not be read: a record without a name may belong to it."""
         st = self.state
-        by_uid = {(c.get("metadata") or {}).get("uid"): c for c in st.api.list_claims()}
+        complete = True
+        try:
+            names = list(st.api.pod_claim_names(st.node_name))
+        except MalformedObject as exc:
+            log.warning("cannot read the pods of this node", extra={"error": str(exc)})
+            return False
+        for namespace, name in names:
+            try:
+                claim = self._get(namespace, name)
+            except MalformedObject as exc:
+                log.warning("skipping an unreadable ResourceClaim", extra={"error": str(exc)})
+                complete = False
+                continue
+            if claim is None:
+                continue
+            uid = str(claim["metadata"].get("uid", ""))
+            with st.lock.held():
+                cp = st.store.load()
+                rec = cp.claims.get(uid)
+                if rec is not None:
+                    fetched[uid] = claim
+                    if not rec.name:
+                        rec.namespace, rec.name = namespace, name
+                        st.store.save(cp)
+                elif (reserve and (claim.get("status") or {}).get("reservedFor")
+                      and st.reserve(cp, ClaimRef(namespace, uid, name), claim)):
+                    st.store.save(cp)
+                    crashpoints.reached("recovery.reserved")
+                    counts["reserved"] += 1
+        return complete
+
+    def _complete_rebuilt(self, counts: dict[str, int], fetched: dict[str, dict | None]) -> None:
+        """Complete the records rebuilt from CDI specs from their claims, each read by its name."""
+        st = self.state
+        for rec in list(st.store.load().claims.values()):
+            if rec.incomplete and rec.name and rec.uid not in fetched:
+                try:
+                    fetched[rec.uid] = self._get(rec.namespace, rec.name)
+                except MalformedObject as exc:
+                    log.warning("cannot complete a rebuilt record", extra={"claim": rec.uid, "error": str(exc)})
         with st.lock.held():
             cp = st.store.load()
             for rec in list(cp.claims.values()):
-                claim = by_uid.get(rec.uid)
+                claim = fetched.get(rec.uid)
                 if not rec.incomplete or claim is None:
                     continue
                 try:
                     st.complete(rec, claim)
                 except (ClaimError, ConfigError, SetupError) as exc:
                     # still reserved; released below if the claim is no longer this node's
-                    rec.namespace = rec.namespace or str(claim["metadata"].get("namespace", ""))
-                    rec.name = rec.name or str(claim["metadata"].get("name", ""))
                     log.warning("cannot complete a rebuilt record", extra={"claim": rec.uid, "error": str(exc)})
                     continue
                 st.store.save(cp)
                 counts["completed"] += 1
                 crashpoints.reached("recovery.completed")
 
-    def _pass(self) -> dict[str, int]:
+    def _pass(self, reserve_unrecorded: bool) -> dict[str, int]:
         st = self.state
-        counts = {"orphan_claims": 0, "orphan_specs": 0, "rewritten": 0, "completed": 0}
+        counts = {"orphan_claims": 0, "orphan_specs": 0, "rewritten": 0, "completed": 0, "reserved": 0}
         try:
             cp = st.store.load()
         except CheckpointCorrupt:
             st.on_corrupt()
             return counts
-        if any(r.incomplete for r in cp.claims.values()):
-            self._complete_rebuilt(counts)
+        fetched: dict[str, dict | None] = {}  # claims read in this pass, by UID (None: gone)
+        nameless = any(not r.name for r in cp.claims.values())
+        scanned = (reserve_unrecorded or nameless) and self._scan_pod_claims(reserve_unrecorded, fetched, counts)
+        if any(r.incomplete for r in st.store.load().claims.values()):
+            self._complete_rebuilt(counts, fetched)
         verdicts: dict[str, str] = {}
         for rec in list(st.store.load().claims.values()):
             if not rec.namespace or not rec.name:
-                verdicts[rec.uid] = "no ResourceClaim with this UID exists"
+                if scanned:
+                    verdicts[rec.uid] = "no pod on this node uses a ResourceClaim with this UID"
                 continue
-            try:
-                claim = st.api.get_claim(rec.namespace, rec.name)
-            except ApiError as exc:
-                if exc.status != 404:
-                    raise
-                claim = None
+            if rec.uid in fetched:
+                claim = fetched[rec.uid]
+            else:
+                try:
+                    claim = self._get(rec.namespace, rec.name)
+                except MalformedObject as exc:
+                    log.warning("cannot check a prepared claim", extra={"claim": rec.uid, "error": str(exc)})
+                    continue  # kept on doubt; the other claims are checked
             reason = st.orphan_reason(rec, claim)
             if reason:
                 verdicts[rec.uid] = reason

@@ -3,9 +3,10 @@
 Prepare of one claim:
   1. (no lock) a claim recorded PrepareCompleted returns its recorded devices, after making sure its CDI
      spec is still there and whole (rewritten if not: /var/run/cdi is a tmpfs);
-  2. (no lock) fetch the claim; refuse a UID mismatch, a claim that is not allocated, allocated to another
-     node (pool = node name) or naming devices this node does not have or that are unhealthy; decode the
-     opaque configs strictly;
+  2. (no lock) fetch the claim (the call's claims in parallel, each read within the kubelet call's deadline:
+     a claim not read in time gets its own error, the others their answers); refuse a UID mismatch, a claim
+     that is not allocated, allocated to another node (pool = node name) or naming devices this node does not
+     have or that are unhealthy; decode the opaque configs strictly;
   3. (node lock) refuse devices recorded for another claim (a forged or racing double allocation), record
      PrepareStarted when a hardware setting is about to change, apply device settings, write the CDI spec,
      record PrepareCompleted (fsynced) and only then answer the kubelet. Prepares that queue for the lock at
@@ -34,6 +35,7 @@ import os
 import re
 import threading
 import time
+from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,13 +54,15 @@ from .configs import ConfigError, DeviceSettings, settings_per_request
 from .device_setup import DeviceSetup, SetupError, admin_access_refusal, describe, hardware_changes
 from .family import DeviceFamily
 from .fsutil import WriteError
-from .kube import ApiError
+from .kube import DEFAULT_TIMEOUT, ApiError
 from .lock import LockTimeout, NodeLock
 
 log = logging.getLogger(__name__)
 UID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+PREPARE_WORKERS = 16  # claims of one kubelet call read at once (one pod's claims of one driver: a handful)
+READ_TIMEOUT_S = sum(DEFAULT_TIMEOUT)  # a claim read's whole time within a deadline, at most
 
 
 @dataclass(frozen=True)
@@ -138,36 +142,82 @@ class DeviceState:
         self._queue_lock = threading.Lock()
 
     # ----- prepare
-    def prepare(self, refs: list[ClaimRef]) -> dict[str, tuple[list[PreparedDevice], str]]:
-        out: dict[str, tuple[list[PreparedDevice], str]] = {}
+    def prepare(self, refs: list[ClaimRef], deadline: float | None = None) -> dict[str, tuple[list[PreparedDevice], str]]:
+        """Prepare a kubelet call's claims: {uid: (devices, error)}, one entry per claim.
+
+        `deadline` (a time.monotonic() value; None: none): when the kubelet's call ends. The claims are read in
+        parallel, each read bounded by it; a claim read too late is not prepared and gets its own error, and a
+        claim still unanswered at the deadline (waiting for the node lock) is answered with an error then, so
+        the others' answers reach the kubelet (a late one that still completes is what the kubelet's retry
+        finds recorded).
+        """
+        by_uid: dict[str, ClaimRef] = {}
         for ref in refs:
-            if ref.uid in out:
+            by_uid.setdefault(ref.uid, ref)
+        unique = list(by_uid.values())
+        if len(unique) <= 1:
+            return {ref.uid: self._answer(ref, deadline) for ref in unique}
+        pool = futures.ThreadPoolExecutor(max_workers=min(len(unique), PREPARE_WORKERS), thread_name_prefix="prepare")
+        running = {ref.uid: pool.submit(self._answer, ref, deadline) for ref in unique}
+        pool.shutdown(wait=False)
+        futures.wait(running.values(), timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        out: dict[str, tuple[list[PreparedDevice], str]] = {}
+        for ref in unique:
+            if running[ref.uid].done():
+                out[ref.uid] = running[ref.uid].result()
                 continue
-            start = time.perf_counter()
-            try:
-                devices = self._prepare_one(ref)
-                out[ref.uid] = (devices, "")
-                self.metrics.prepare.labels(self.driver, "ok").inc()
-                log.info("prepared", extra={"claim": ref.uid, "claimRef": str(ref),
-                                            "devices": [d.device_name for d in devices],
-                                            "durationMs": round((time.perf_counter() - start) * 1000, 2)})
-            except CheckpointCorrupt as exc:
-                self.on_corrupt()
-                out[ref.uid] = ([], f"{self.driver}: claim {ref}: {exc}; the checkpoint is being moved aside and "
-                                    "rebuilt, the kubelet's retry will succeed")
-                self.metrics.prepare.labels(self.driver, "error").inc()
-            except (ClaimError, ConfigError, SetupError, LockTimeout, WriteError) as exc:
-                out[ref.uid] = ([], f"{self.driver}: claim {ref}: {exc}")
-                self.metrics.prepare.labels(self.driver, "error").inc()
-                log.warning("prepare refused", extra={"claim": ref.uid, "claimRef": str(ref), "error": str(exc)})
-            except Exception as exc:  # noqa: BLE001 - one claim's failure must not fail the others
-                out[ref.uid] = ([], f"{self.driver}: claim {ref}: internal error: {type(exc).__name__}: {exc}")
-                self.metrics.prepare.labels(self.driver, "error").inc()
-                log.exception("prepare failed", extra={"claim": ref.uid, "claimRef": str(ref)})
-            self.metrics.prepare_seconds.labels(self.driver).observe(time.perf_counter() - start)
+            out[ref.uid] = ([], f"{self.driver}: claim {ref}: still in progress at the kubelet call's "
+                                "deadline (node lock, device settings); the kubelet retries")
+            self.metrics.prepare.labels(self.driver, "error").inc()
+            log.warning("prepare past the deadline", extra={"claim": ref.uid, "claimRef": str(ref)})
         return out
 
-    def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
+    def _answer(self, ref: ClaimRef, deadline: float | None) -> tuple[list[PreparedDevice], str]:
+        """One claim's (devices, error): every failure is this claim's answer only."""
+        start = time.perf_counter()
+        try:
+            devices = self._prepare_one(ref, deadline)
+            answer = (devices, "")
+            self.metrics.prepare.labels(self.driver, "ok").inc()
+            log.info("prepared", extra={"claim": ref.uid, "claimRef": str(ref),
+                                        "devices": [d.device_name for d in devices],
+                                        "durationMs": round((time.perf_counter() - start) * 1000, 2)})
+        except CheckpointCorrupt as exc:
+            self.on_corrupt()
+            answer = ([], f"{self.driver}: claim {ref}: {exc}; the checkpoint is being moved aside and rebuilt, the "
+                          "kubelet's retry will succeed")
+            self.metrics.prepare.labels(self.driver, "error").inc()
+        except (ClaimError, ConfigError, SetupError, LockTimeout, WriteError) as exc:
+            answer = ([], f"{self.driver}: claim {ref}: {exc}")
+            self.metrics.prepare.labels(self.driver, "error").inc()
+            log.warning("prepare refused", extra={"claim": ref.uid, "claimRef": str(ref), "error": str(exc)})
+        except Exception as exc:  # noqa: BLE001 - one claim's failure must not fail the others
+            answer = ([], f"{self.driver}: claim {ref}: internal error: {type(exc).__name__}: {exc}")
+            self.metrics.prepare.labels(self.driver, "error").inc()
+            log.exception("prepare failed", extra={"claim": ref.uid, "claimRef": str(ref)})
+        self.metrics.prepare_seconds.labels(self.driver).observe(time.perf_counter() - start)
+        return answer
+
+    def _read_claim(self, ref: ClaimRef, deadline: float | None) -> dict:
+        """The claim from the API, read within the deadline (ClaimError otherwise)."""
+        timeout_s = None
+        if deadline is not None:
+            timeout_s = min(deadline - time.monotonic(), READ_TIMEOUT_S)
+            if timeout_s <= 0:
+                raise ClaimError("no time left before the kubelet call's deadline to read the ResourceClaim; "
+                                 "the kubelet retries")
+        try:
+            claim = self.api.get_claim(ref.namespace, ref.name, timeout_s)
+        except ApiError as exc:
+            if exc.status == 404:
+                raise ClaimError("ResourceClaim not found") from None
+            raise ClaimError(f"cannot read the ResourceClaim: {exc}") from None
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ClaimError("the ResourceClaim was read only after the kubelet call's deadline; not prepared, "
+                             "the kubelet retries")
+        return claim
+
+    def _prepare_one(self, ref: ClaimRef, deadline: float | None = None) -> list[PreparedDevice]:
         validate_ref(ref)
         rec = self.store.load().claims.get(ref.uid)
         if rec is not None and rec.completed:
@@ -176,12 +226,7 @@ class DeviceState:
                 if rec is not None and rec.completed and not rec.incomplete:
                     self.ensure_spec(rec)
                     return rec.devices
-        try:
-            claim = self.api.get_claim(ref.namespace, ref.name)
-        except ApiError as exc:
-            if exc.status == 404:
-                raise ClaimError("ResourceClaim not found") from None
-            raise ClaimError(f"cannot read the ResourceClaim: {exc}") from None
+        claim = self._read_claim(ref, deadline)
         if rec is not None and rec.incomplete:
             with self.lock.held():
                 cp = self.store.load()
@@ -472,7 +517,7 @@ class DeviceState:
         env = {**{k: ",".join(v) for k, v in visible.items()}, **env}
         rec.settings["applied"] = applied
         spec = cdi_mod.build_spec(self.driver, rec.uid, edits, list(self.inventory.common_device_nodes), env,
-                                  self.inventory.common_edits)
+                                  self.inventory.common_edits, rec.namespace, rec.name)
         self.cdi.write(rec.uid, spec)
         rec.cdi_spec = self.cdi.path(rec.uid).name
 
