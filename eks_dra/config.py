@@ -18,7 +18,7 @@ from eks_dra.catalog import INSTANCE_TYPES, SYSTEM_INSTANCE_TYPES, InstanceType,
 from eks_dra.catalog.ami_types import ami_type_for
 from eks_dra.config_models import EnvironmentFile, PipelineFile, validated
 from eks_dra.devices.names import FAMILIES, UPSTREAM_DRIVER_NAMES, DriverNames
-from eks_dra.errors import UserError
+from eks_dra.errors import UserError, shown
 from eks_dra.input_files import MAX_CONFIG_BYTES, load_documents
 from eks_dra.versions import DEFAULT_KUBERNETES_VERSION, validate_kubernetes_version
 
@@ -157,7 +157,7 @@ class NodeGroupConfig:
 
     def manager(self, family: str) -> DeviceMode:
         if family not in self.families:
-            raise KeyError(f"node group {self.name!r} has no {family} devices")
+            raise KeyError(f"node group {shown(self.name)} has no {family} devices")
         return self.device_modes.get(family, self.device_mode)
 
     @property
@@ -240,7 +240,7 @@ def load_environment(name: str, config_dir: Path = Path("config")) -> Environmen
     config_dir = Path(config_dir)
     path = config_dir / f"{name}.yaml"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", name):
-        raise UserError(f"environment name {name!r} is not valid; use letters, digits, '-' or '_' (e.g. -c env=dev)")
+        raise UserError(f"environment name {shown(name)} is not valid; use letters, digits, '-' or '_' (e.g. -c env=dev)")
     if not path.is_file():
         known = sorted(p.stem for p in config_dir.glob("*.yaml") if p.stem != "pipeline") if config_dir.is_dir() else []
         hint = f"; known environments: {', '.join(known)}" if known else ""
@@ -324,13 +324,13 @@ class _Loader:
         if account is not None:
             account = str(account).zfill(12) if isinstance(account, int) else account
             if not ACCOUNT_ID.match(account):
-                self.fail("account", f"{account!r} is not a 12-digit AWS account id; quote it: account: \"123456789012\"")
+                self.fail("account", f"{shown(account)} is not a 12-digit AWS account id; quote it: account: \"123456789012\"")
         region = top.get("region")
         if region is not None and not REGION.match(region):
-            self.fail("region", f"{region!r} is not an AWS region name (e.g. us-east-2)")
+            self.fail("region", f"{shown(region)} is not an AWS region name (e.g. us-east-2)")
         cluster_name = top.get("clusterName", f"eks-dra-{self.env_name}")
         if not CLUSTER_NAME.match(cluster_name):
-            self.fail("clusterName", f"{cluster_name!r} is not a valid EKS cluster name (letters, digits, - and _)")
+            self.fail("clusterName", f"{shown(cluster_name)} is not a valid EKS cluster name (letters, digits, - and _)")
         version = self._kubernetes_version(top)
         vpc = self._vpc(top.get("vpc", {}), region, account)
         drivers = self._drivers(top.get("drivers", {}))
@@ -344,14 +344,14 @@ class _Loader:
         admins = top.get("clusterAdminRoleArns", [])
         for i, arn in enumerate(admins):
             if not isinstance(arn, str) or not re.match(r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/.+", arn):
-                self.fail(f"clusterAdminRoleArns[{i}]", f"{arn!r} is not an IAM role ARN (arn:aws:iam::ACCOUNT:role/NAME)")
+                self.fail(f"clusterAdminRoleArns[{i}]", f"{shown(arn)} is not an IAM role ARN (arn:aws:iam::ACCOUNT:role/NAME)")
         if driver_image is None and any(g.architecture == "arm64" and any(
                 g.manager(f) == "dra" and drivers.implementation(f) == "python" for f in g.families) for g in groups):
             self.warn("driverImage", "the driver image eks-dra builds is linux/amd64; arm64 DRA node groups (e.g. "
                       "p6e-gb200) need driverImage set to a multi-arch image")
         protected = top.get("protected", False)
         if protected and driver_image is not None and not IMAGE_DIGEST.search(driver_image):
-            self.fail("driverImage", f"{driver_image!r}: a protected environment runs the image pinned by its digest; "
+            self.fail("driverImage", f"{shown(driver_image)}: a protected environment runs the image pinned by its digest; "
                       "write driverImage: REPO@sha256:<64 hex digits> (`docker buildx imagetools inspect REPO:TAG` "
                       "prints it)")
         public, cidrs = self._api_endpoint(top, protected)
@@ -389,7 +389,7 @@ class _Loader:
         for i, cidr in enumerate(cidrs):
             m = IPV4_CIDR.match(str(cidr))
             if not m or any(int(x) > 255 for x in m.groups()[:4]) or int(m.group(5)) > 32:
-                self.fail(f"apiEndpoint.publicAccessCidrs[{i}]", f"{cidr!r} is not an IPv4 CIDR (e.g. 203.0.113.0/24)")
+                self.fail(f"apiEndpoint.publicAccessCidrs[{i}]", f"{shown(cidr)} is not an IPv4 CIDR (e.g. 203.0.113.0/24)")
         public = api.get("public", bool(cidrs) or not protected)
         if cidrs and not public:
             self.fail("apiEndpoint.publicAccessCidrs", "is set but apiEndpoint.public is false; remove the CIDRs or "
@@ -413,7 +413,7 @@ class _Loader:
         raw = top.get("kubernetesVersion", DEFAULT_KUBERNETES_VERSION)
         version = str(raw)
         if isinstance(raw, float) and len(version.split(".")[1]) == 1:
-            self.fail("kubernetesVersion", f"YAML read {raw!r} as a number and dropped a trailing zero; quote it, "
+            self.fail("kubernetesVersion", f"YAML read {shown(raw)} as a number and dropped a trailing zero; quote it, "
                       f"e.g. kubernetesVersion: \"{DEFAULT_KUBERNETES_VERSION}\"")
         try:
             warnings = validate_kubernetes_version(version)
@@ -431,7 +431,7 @@ class _Loader:
             self.fail("vpc", "give either cidr (new VPC) or vpcId (existing VPC), not both")
         if vpc_id:
             if not VPC_ID.match(vpc_id):
-                self.fail("vpc.vpcId", f"{vpc_id!r} is not a VPC id (vpc-0123456789abcdef0)")
+                self.fail("vpc.vpcId", f"{shown(vpc_id)} is not a VPC id (vpc-0123456789abcdef0)")
             subnets = f.get("privateSubnets", {})
             if not subnets:
                 self.fail("vpc.privateSubnets", "an existing VPC needs its private subnets, one per AZ "
@@ -439,7 +439,7 @@ class _Loader:
             for az, subnet in subnets.items():
                 self._check_az(f"vpc.privateSubnets.{az}", str(az), region)
                 if not isinstance(subnet, str) or not SUBNET_ID.match(subnet):
-                    self.fail(f"vpc.privateSubnets.{az}", f"{subnet!r} is not a subnet id (subnet-0123456789abcdef0)")
+                    self.fail(f"vpc.privateSubnets.{az}", f"{shown(subnet)} is not a subnet id (subnet-0123456789abcdef0)")
             if "availabilityZones" in f.data:
                 self.fail("vpc.availabilityZones", "only for a new VPC; an existing VPC's AZs are privateSubnets' keys")
             return VpcConfig(vpc_id=vpc_id, cidr=None, private_subnets=dict(subnets))
@@ -448,7 +448,7 @@ class _Loader:
         cidr = cidr or "10.0.0.0/16"
         m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)\.(\d+)/(\d+)", cidr)
         if not m or any(int(p) > 255 for p in m.groups()[:4]) or not 16 <= int(m.group(5)) <= 20:
-            self.fail("vpc.cidr", f"{cidr!r} must be an IPv4 CIDR between /16 and /20 (e.g. 10.0.0.0/16): EFA nodes "
+            self.fail("vpc.cidr", f"{shown(cidr)} must be an IPv4 CIDR between /16 and /20 (e.g. 10.0.0.0/16): EFA nodes "
                       "use many addresses")
         azs = f.get("availabilityZones", [])
         for i, az in enumerate(azs):
@@ -460,10 +460,10 @@ class _Loader:
 
     def _check_az(self, field_path: str, az: str, region: str | None) -> None:
         if region is None:
-            self.fail(field_path, f"availability zone {az!r} needs the top-level region (an AZ belongs to one "
+            self.fail(field_path, f"availability zone {shown(az)} needs the top-level region (an AZ belongs to one "
                       "region); add region: " + re.sub(r"[a-z]$", "", az))
         if not re.fullmatch(re.escape(region) + r"[a-z]", az):
-            self.fail(field_path, f"{az!r} is not an availability zone of region {region} (e.g. {region}a)")
+            self.fail(field_path, f"{shown(az)} is not an availability zone of region {region} (e.g. {region}a)")
 
     def _drivers(self, data: dict) -> DriversConfig:
         f = _Fields(data)
@@ -476,7 +476,7 @@ class _Loader:
             value = nf.get(fam, defaults.for_family(fam))
             if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+", value) or \
                     len(value) > 63:
-                self.fail(f"drivers.names.{fam}", f"{value!r} must be a DNS subdomain with a dot "
+                self.fail(f"drivers.names.{fam}", f"{shown(value)} must be a DNS subdomain with a dot "
                           "(e.g. gpu.example.com), at most 63 characters")
             names[fam] = value
         for fam in FAMILIES:
@@ -485,7 +485,7 @@ class _Loader:
                           f"{UPSTREAM_DRIVER_NAMES.for_family(fam)}; remove this name")
             taken = [f for f in FAMILIES if impl[f] == "upstream" and UPSTREAM_DRIVER_NAMES.for_family(f) == names[fam]]
             if impl[fam] == "python" and taken:
-                self.fail(f"drivers.names.{fam}", f"{names[fam]!r} is the name of the upstream {taken[0]} driver that "
+                self.fail(f"drivers.names.{fam}", f"{shown(names[fam])} is the name of the upstream {taken[0]} driver that "
                           f"drivers.{taken[0]}: upstream installs; two drivers cannot share one name in a cluster")
         if len(set(names.values())) != len(names):
             self.fail("drivers.names", "each device family needs its own driver name")
@@ -499,7 +499,7 @@ class _Loader:
         if not name:
             self.fail(f"{p}.name", "every node group needs a name (lowercase letters, digits and '-')")
         if not NODE_GROUP_NAME.match(name):
-            self.fail(f"{p}.name", f"{name!r} must be lowercase letters, digits and '-', at most 40 characters")
+            self.fail(f"{p}.name", f"{shown(name)} must be lowercase letters, digits and '-', at most 40 characters")
         instance_type = f.get("instanceType")
         if not instance_type:
             self.fail(f"{p}.instanceType", "required (e.g. p5.48xlarge)")
@@ -508,7 +508,7 @@ class _Loader:
             close = closest_instance_types(instance_type) + difflib.get_close_matches(
                 instance_type, list(SYSTEM_INSTANCE_TYPES), n=2, cutoff=0.6)
             hint = f"; closest: {', '.join(close)}" if close else ""
-            self.fail(f"{p}.instanceType", f"{instance_type!r} is not in the eks-dra instance catalog{hint}")
+            self.fail(f"{p}.instanceType", f"{shown(instance_type)} is not in the eks-dra instance catalog{hint}")
         accel = inst.accelerator_kind if inst else None
 
         sizes = {k: f.get(k) for k in ("minSize", "desiredSize", "maxSize")}
@@ -577,7 +577,7 @@ class _Loader:
         allowed = ("dra", "device-plugin")
         if isinstance(raw, str):
             if raw not in allowed:
-                self.fail(f"{p}.deviceMode", f"{raw!r} is not allowed; use dra or device-plugin "
+                self.fail(f"{p}.deviceMode", f"{shown(raw)} is not allowed; use dra or device-plugin "
                           "(or a mapping per family, e.g. {gpu: dra, efa: device-plugin})")
             return {fam: raw for fam in present}  # type: ignore[misc]
         modes: dict[str, DeviceMode] = {fam: "dra" for fam in present}
@@ -594,7 +594,7 @@ class _Loader:
                               "or split the nodes into two node groups")
                 mode = mode[0] if len(mode) == 1 else mode
             if mode not in allowed:
-                self.fail(fp, f"{mode!r} is not allowed; use dra or device-plugin")
+                self.fail(fp, f"{shown(mode)} is not allowed; use dra or device-plugin")
             modes[fam] = mode
         return modes
 
@@ -602,7 +602,7 @@ class _Loader:
         raw = f.get("capacity", "on-demand")
         kind, _, reservation = raw.partition(":")
         if kind not in ("on-demand", "odcr", "capacity-block"):
-            self.fail(f"{p}.capacity", f"{raw!r} is not allowed; use on-demand, odcr:cr-... or capacity-block:cr-...")
+            self.fail(f"{p}.capacity", f"{shown(raw)} is not allowed; use on-demand, odcr:cr-... or capacity-block:cr-...")
         if kind == "on-demand":
             if reservation:
                 self.fail(f"{p}.capacity", "on-demand takes no reservation id; for a reservation write odcr:cr-...")
@@ -611,7 +611,7 @@ class _Loader:
             what = "a Capacity Block" if kind == "capacity-block" else "an On-Demand Capacity Reservation"
             self.fail(f"{p}.capacity", f"{what} needs its reservation id; write {kind}:cr-0123456789abcdef0")
         if not RESERVATION_ID.match(reservation):
-            self.fail(f"{p}.capacity", f"{reservation!r} is not a capacity reservation id (cr- and 17 hex digits)")
+            self.fail(f"{p}.capacity", f"{shown(reservation)} is not a capacity reservation id (cr- and 17 hex digits)")
         return CapacityConfig(kind=kind, reservation_id=reservation)  # type: ignore[arg-type]
 
     def _check_ami(self, f: _Fields, p: str, g: NodeGroupConfig) -> None:
@@ -624,8 +624,8 @@ class _Loader:
         if explicit is not None:
             if explicit not in AMI_TYPES:
                 close = difflib.get_close_matches(explicit, AMI_TYPES, n=1, cutoff=0.5)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                self.fail(f"{p}.amiType", f"{explicit!r} is not an EKS AMI type{hint}")
+                hint = f" (did you mean {shown(close[0])}?)" if close else ""
+                self.fail(f"{p}.amiType", f"{shown(explicit)} is not an EKS AMI type{hint}")
             if explicit != g.ami_type:
                 self.fail(f"{p}.amiType", f"{explicit} cannot run {g.instance_type} ({g.architecture}, "
                           f"{g.accelerator_family or 'no accelerator'}) with amiFamily {g.ami_family}; use "
@@ -660,7 +660,7 @@ class _Loader:
                       "settings belong to its bundled device plugin; set amiFamily: al2023")
         known = [m.name for m in inst.gpu.mig_profiles]
         if g.mig_profile not in known:
-            self.fail(f"{p}.migProfile", f"{g.mig_profile!r} is not a MIG profile of {inst.gpu.product_name}; "
+            self.fail(f"{p}.migProfile", f"{shown(g.mig_profile)} is not a MIG profile of {inst.gpu.product_name}; "
                       f"use one of: {', '.join(known)}")
 
     def _check_reserved_keys(self, p: str, g: NodeGroupConfig) -> None:
@@ -682,7 +682,7 @@ class _Loader:
                 value = "true" if value else "false"
             value = str(value)
             if not LABEL_VALUE.match(value):
-                self.fail(f"{p}.{key}", f"{value!r} is not a valid label value (63 characters, alphanumeric ends)")
+                self.fail(f"{p}.{key}", f"{shown(value)} is not a valid label value (63 characters, alphanumeric ends)")
             labels[key] = value
         return labels
 
@@ -702,7 +702,7 @@ class _Loader:
         seen: dict[str, int] = {}
         for i, g in enumerate(groups):
             if g.name in seen:
-                self.fail(f"nodeGroups[{i}].name", f"{g.name!r} is already used by nodeGroups[{seen[g.name]}]; two "
+                self.fail(f"nodeGroups[{i}].name", f"{shown(g.name)} is already used by nodeGroups[{seen[g.name]}]; two "
                           "groups with one name share node labels, so a DRA driver and a device plugin could land on "
                           "the same nodes; rename one")
             seen[g.name] = i

@@ -20,6 +20,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
+from eks_dra.errors import shown
+
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "config" / "schema"
 
 
@@ -149,16 +151,17 @@ def _message(model: type[_Model], errors: list[dict]) -> str:
         choices = re.findall(r"'([^']*)'", choice["ctx"]["expected"])
         close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        return f"{_path(loc)}: {value!r} is not allowed{hint}; use one of: {', '.join(choices)}"
+        return f"{_path(loc)}: {shown(value)} is not allowed{hint}; use one of: {', '.join(choices)}"
     expected = [_EXPECTED.get(e["type"], "one of " + e.get("ctx", {}).get("expected", "the documented values"))
                 for e in group]
-    return f"{_path(loc)}: must be {' or '.join(dict.fromkeys(expected))}, got {_kind(value)} {value!r}"
+    return f"{_path(loc)}: must be {' or '.join(dict.fromkeys(expected))}, got {_kind(value)} {shown(value)}"
 
 
 def _path(loc: tuple) -> str:
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        part = part if isinstance(part, int) else shown(part, quoted=False)  # a key the user wrote, of any length
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
     return out
 
 

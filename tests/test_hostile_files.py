@@ -181,3 +181,15 @@ def test_more_nodes_than_a_cluster_has_is_refused(tmp_path):
                            "--nodes", "1000000", "--claims", str(manifest)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "--nodes 1000000 is more than a Kubernetes cluster supports (5000 nodes" in proc.stderr
+
+
+@pytest.mark.parametrize("body", [
+    "clusterName: " + "c" * 50_000 + "\n",                      # a rule of the loader
+    "region: us-east-2\n? " + "x" * 50_000 + "\n: 1\n",          # an unknown key (the model's message)
+    "region: us-east-2\nsamples: " + "y" * 50_000 + "\n",       # a wrong type (the model's message)
+    "region: us-east-2\nnodeGroups:\n- name: a\n  instanceType: p5.48xlarge\n  deviceMode: " + "z" * 50_000 + "\n",
+])
+def test_config_messages_echo_long_values_truncated(tmp_path, body):
+    message = config_refusal(tmp_path, body)
+    assert len(message) < 600, message[:300]
+    assert "(50000 characters)" in message
