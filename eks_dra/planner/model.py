@@ -138,6 +138,16 @@ class NodeSelectorRequirement:
     values: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class Gang:
+    """Pods a controller starts together: the workload runs only when `min_available` of its `size` pods are
+    placed (a JobSet, a LeaderWorkerSet group, a PyTorchJob with a min-available scheduling policy)."""
+
+    name: str  # what the report calls it, e.g. "PyTorchJob ml/llama-ft"
+    size: int
+    min_available: int
+
+
 @dataclass(eq=False)
 class PlanPod:
     """A pod whose claims must all be allocated on one node (implicit pods stand in for unused claims)."""
@@ -154,6 +164,7 @@ class PlanPod:
     node_name: str | None = None  # spec.nodeName: bound to one node
     # DaemonSet: one pod per node it may run on; these claims come from templates, one per pod.
     daemon_templates: tuple[tuple[str, ClaimSpec, Source], ...] | None = None
+    gang: Gang | None = None  # None: the pod is placed on its own
     node: str | None = None
     reason: str | None = None
 
