@@ -78,6 +78,11 @@ def fresh_pods(pods: list[PlanPod]) -> list[PlanPod]:
     return [replace(p, claims=[fresh(c) for c in p.claims], node=None, reason=None) for p in pods]
 
 
+def fresh_nodes(nodes: list[SimNode]) -> list[SimNode]:
+    """The same nodes with every device free again (a plan marks the devices it allocates)."""
+    return [replace(n, devices=[replace(d, owner=None) for d in n.devices]) for n in nodes]
+
+
 class Replanner:
     """Plans the same input again on other nodes, counting the re-plans against one budget."""
 
@@ -114,10 +119,11 @@ def gang_starts(replanner: Replanner, result: PlanResult) -> dict[str, int]:
     for name in dict.fromkeys(p.gang.name for p in result.pods if p.gang is not None and not pod_fits(p)):
         def ungang(pod: PlanPod, gang: str = name) -> PlanPod:
             return replace(pod, gang=None) if pod.gang is not None and pod.gang.name == gang else pod
-        again = replanner.run(result.nodes, ungang)
+        members = {(p.namespace, p.name) for p in result.pods if p.gang is not None and p.gang.name == name}
+        again = replanner.run(fresh_nodes(result.nodes), ungang)
         if again is None:
             break
-        out[name] = sum(1 for p in again.pods if p.gang is not None and p.gang.name == name and pod_fits(p))
+        out[name] = sum(1 for p in again.pods if (p.namespace, p.name) in members and pod_fits(p))
     return out
 
 
