@@ -185,11 +185,22 @@ def test_hint_raises_max_size_found_by_replanning(tmp_path):
     # 16 p5 nodes with the 2 there makes 18 < 20: no single change within the bounds.
     many = _write(tmp_path, _template("eight", 8), _deployment("train", 20, "eight"))
     code, out, _ = _plan(*env, "--claims", str(CLASSES), str(many))
-    assert code == 1 and "    no single change makes it fit: raising one DRA group's maxSize" in out
+    assert code == 1 and ("    no single change makes it fit: one DRA group's maxSize up to 4x or +16 (whichever is "
+                          "more), or one new group of up to 16 nodes") in out.splitlines()
     # 18 pods: maxSize 18 (2 + 16) is the bound and fits; a new group would need 16 nodes, more than 16 added.
     code, out, _ = _plan(*env, "--claims", str(CLASSES), str(_write(tmp_path, _template("eight", 8),
                                                                      _deployment("train", 18, "eight"))))
     assert "    would fit with p5-dra maxSize 18" in out.splitlines()
+
+
+def test_hint_counts_what_other_groups_take(tmp_path):
+    # dev: 10 pods x 8 GPUs; p5-dra (maxSize 2) takes 2 and g6e-bottlerocket's one L40S node takes 1. The re-plan
+    # places the rest on p5-dra with maxSize 9 (9 + 1 = 10), not the 10 that counting p5 nodes alone would say.
+    path = _write(tmp_path, _template("eight", 8), _deployment("train", 10, "eight"))
+    code, out, _ = _plan("-c", "env=dev", "--config-dir", str(REPO / "config"), "--claims", str(CLASSES), str(path))
+    assert code == 1
+    assert "  Deployment ml/train: 3 of 10 pods fit; 7 do not: all 2 p5.48xlarge nodes already hold " in out
+    assert "    would fit with p5-dra maxSize 9" in out.splitlines()
 
 
 def test_hint_adds_a_node_group_when_no_group_has_the_devices(tmp_path):

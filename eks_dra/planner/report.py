@@ -146,8 +146,9 @@ def workload_lines(workload: Workload, findings: Findings) -> list[tuple[str, in
             lines.append((f"no hint: only the first {MAX_HINT_WORKLOADS} workloads that do not fit are planned again",
                           1))
         elif findings.hints[workload.key] is None:
-            lines.append((f"no single change makes it fit: raising one DRA group's maxSize (to {MAX_SIZE_FACTOR}x "
-                          f"or +{MAX_SIZE_STEP} nodes) or adding one group of up to {NEW_GROUP_MAX_NODES} nodes", 1))
+            lines.append((f"no single change makes it fit: one DRA group's maxSize up to {MAX_SIZE_FACTOR}x or "
+                          f"+{MAX_SIZE_STEP} (whichever is more), or one new group of up to {NEW_GROUP_MAX_NODES} "
+                          "nodes", 1))
         else:
             lines.append((f"would fit with {findings.hints[workload.key].text}", 1))
     return lines
