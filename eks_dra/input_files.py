@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -67,6 +67,10 @@ def read_text(path: Path, max_bytes: int) -> str:
             data = f.read(max_bytes + 1)
     except OSError as exc:
         raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return _decoded(path, data, max_bytes)
+
+
+def _decoded(path: Path | str, data: bytes, max_bytes: int) -> str:
     if len(data) > max_bytes:
         raise UserError(f"{path}: larger than {max_bytes // (1024 * 1024)} MiB, the limit for this file; "
                         "split it into smaller files")
@@ -78,7 +82,7 @@ def read_text(path: Path, max_bytes: int) -> str:
                         "save the file as UTF-8") from None
 
 
-def _check_yaml_events(path: Path, text: str) -> None:
+def _check_yaml_events(path: Path | str, text: str) -> None:
     """Refuse anchors, aliases and deep nesting from the event stream, before any node is built."""
     depth = 0
     for event in yaml.parse(text, Loader=_CLoader):
@@ -92,7 +96,7 @@ def _check_yaml_events(path: Path, text: str) -> None:
             depth -= 1
 
 
-def _yaml_documents(path: Path, text: str, unique_keys: bool) -> list[Any]:
+def _yaml_documents(path: Path | str, text: str, unique_keys: bool) -> list[Any]:
     try:
         _check_yaml_events(path, text)
         return list(yaml.load_all(text, Loader=_UniqueKeyLoader if unique_keys else _Loader))  # noqa: S506 - safe
@@ -134,3 +138,13 @@ def load_documents(path: Path, max_bytes: int = MAX_MANIFEST_BYTES, unique_keys:
     if path.suffix == ".json":
         return [_json_document(path, text)]
     return _yaml_documents(path, text, unique_keys)
+
+
+def load_stream(stream: BinaryIO, name: str, max_bytes: int = MAX_MANIFEST_BYTES) -> list[Any]:
+    """Every YAML document of a stream (`--claims -`: stdin; JSON is read as YAML), named `name` in messages,
+    within the same budgets as a file."""
+    try:
+        data = stream.read(max_bytes + 1)
+    except OSError as exc:
+        raise UserError(f"{name}: cannot read: {exc.strerror or exc}") from None
+    return _yaml_documents(name, _decoded(name, data, max_bytes), unique_keys=False)

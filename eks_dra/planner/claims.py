@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from eks_dra.devices.classes import DeviceClassDefinition
 from eks_dra.devices.names import COMPUTE_DOMAIN_API_VERSION, COMPUTE_DOMAIN_KIND
 from eks_dra.errors import UserError, shown
-from eks_dra.input_files import MAX_MANIFEST_BYTES, load_documents
+from eks_dra.input_files import MAX_MANIFEST_BYTES, load_documents, load_stream
 
 from .cel_env import CelEnvironment, Selector
 from .model import (
@@ -86,11 +87,15 @@ class _Doc:
         return Source(self.file, self.kind, self.name or "<unnamed>", self.namespace if namespaced else None)
 
 
+STDIN = Path("-")
+STDIN_NAME = "<stdin>"
+
+
 def _expand(paths: list[Path]) -> list[Path]:
     """Files as given; a directory stands for its *.yaml, *.yml and *.json files (like kubectl apply -f)."""
     out: list[Path] = []
     for path in paths:
-        if path.is_dir():
+        if path != STDIN and path.is_dir():
             out.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml", ".json") and p.is_file()))
         else:
             out.append(path)
@@ -100,8 +105,15 @@ def _expand(paths: list[Path]) -> list[Path]:
 def read_documents(paths: list[Path]) -> list[_Doc]:
     """Every object in the files, List kinds flattened, in file and document order."""
     docs: list[_Doc] = []
-    for path in _expand(paths):
-        loaded = load_documents(path, MAX_MANIFEST_BYTES)
+    if paths.count(STDIN) > 1:
+        raise UserError("- (stdin) is given more than once; give it once")
+    for given in _expand(paths):
+        # `-` is stdin, as in `kubectl apply -f -`; messages name it <stdin>.
+        path = STDIN_NAME if given == STDIN else given
+        if given == STDIN:
+            loaded = load_stream(sys.stdin.buffer, STDIN_NAME, MAX_MANIFEST_BYTES)
+        else:
+            loaded = load_documents(given, MAX_MANIFEST_BYTES)
         for i, obj in enumerate(loaded):
             if obj is None:
                 continue

@@ -314,5 +314,7 @@ class Planner:
             most = max(sum(1 for d in self.matcher.candidates(alt, n).matching if d.owner is None) for n in nodes)
             if most < total:
                 who = f"request {names[0]} needs" if len(names) == 1 else f"requests {'+'.join(names)} need"
-                return f": {who} {total} matching devices, at most {most} are free on one node"
+                devices = "1 matching device" if total == 1 else f"{total} matching devices"
+                free = "is" if most == 1 else "are"
+                return f": {who} {devices}, at most {most} {free} free on one node"
         return ""
