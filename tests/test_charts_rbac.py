@@ -71,6 +71,9 @@ def _api_calls() -> dict[str, tuple[str, str, bool]]:
         if isinstance(query, ast.Name):  # a local list built in the method
             query = next(a.value for a in ast.walk(method) if isinstance(a, ast.Assign)
                          and any(isinstance(t, ast.Name) and t.id == query.id for t in a.targets))
+        if isinstance(path_node, ast.Name):  # a path built in the method first
+            path_node = next(a.value for a in ast.walk(method) if isinstance(a, ast.Assign)
+                             and any(isinstance(t, ast.Name) and t.id == path_node.id for t in a.targets))
         watch = query is not None and "('watch', 'true')" in ast.unparse(query)
         out[method.name] = (http.value, *_path_template(path_node, constants), watch)
     return out
