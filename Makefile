@@ -75,12 +75,13 @@ bench: deps
 	$(PY) bench/driver.py
 
 # The real-control-plane figures (Go toolchain needed): pod-to-prepared latency, scheduler vs planner,
-# and the field-failure scenarios at the issue's full counts.
+# the field-failure scenarios at full counts, and a recovery's memory among 8,000 claims.
 bench-e2e: deps
 	bash tests/e2e/build.sh
 	$(PY) bench/e2e.py
 	$(PY) bench/field_failures.py
 	$(PY) bench/checkpoint_chaos.py
+	$(PY) bench/recovery_memory.py
 
 # On a node with an NVIDIA GPU: NVML (from the driver root) discovery, and our CDI edits against NVIDIA's
 # pkg/nvcdi with the real NVML (tests/nvidia_ctk, Go needed). NVIDIA_DRIVER_ROOT: the driver root (default /).
