@@ -136,12 +136,62 @@ class _Slot:
     request: Request
 
 
-# kubernetes/kubernetes#131730: the 1.34 allocator, given a firstAvailable subrequest it cannot satisfy, searches
-# the permutations of the devices that match it until kube-scheduler's 10 s filter timeout, and never tries the
-# next subrequest. Measured on the real 1.34.12 scheduler with 16 candidates (17 Neuron devices asked on a
-# trn2.48xlarge); from about ten candidates the search outlasts the timeout. Fixed after 1.34.
-FIRST_AVAILABLE_TIMEOUT_CANDIDATES = 10
-FIRST_AVAILABLE_TIMEOUT_FIXED_IN = (1, 35)
+# Kubernetes 1.34 runs the "experimental" allocator of k8s.io/dynamic-resource-allocation v0.34
+# (structured/allocator.go NewAllocator takes the first implementation that supports every enabled gate, and
+# DRAResourceClaimDeviceStatus, beta and on in 1.34, is supported by structured/internal/experimental only).
+# Its search, structured/internal/experimental/allocator_experimental.go `allocateOne`, picks each device of
+# an ExactCount request by walking every device of the node's pools from the first one, so it tries the
+# ordered sequences (permutations) of the candidates, not their combinations, and nothing checks beforehand
+# that a request has enough candidates. When a request (or `firstAvailable` subrequest) asks for N devices:
+#   - if the claim's devices so far plus N exceed 32 (AllocationResultsMaxSize), `allocateOne` returns
+#     errAllocationResultMaxSizeExceeded at once and the subrequest loop tries the next subrequest: no search;
+#   - otherwise, with M usable candidates (matching, not in use, keeping the `matchAttribute` values fixed so
+#     far) split into groups by the values of the constraints still open (the first device fixes them), the
+#     walk visits 1 + sum over groups of (S(m) - 1) invocations before it gives up when no group holds N,
+#     where S(m) = 1 + m * S(m - 1), S(0) = 1 counts the sequences of m devices (S(9) ~ 1e6, S(10) ~ 1e7).
+#     A satisfiable request first exhausts the groups too small that it meets, then takes N devices;
+#   - a request that is met but whose later requests then fail is walked in full (every sequence of up to N
+#     devices), unless the failure is errAllocationResultMaxSizeExceeded, which unwinds at once;
+#   - allocationMode All takes its devices in one fixed order: no search.
+# Each invocation loops over all devices of the node (in-use and selector checks are cached map lookups).
+# The scheduler (pkg/scheduler/framework/plugins/dynamicresources Filter, DRASchedulerFilterTimeout, beta and
+# on in 1.34) cancels Allocate after 10 s: the node is unschedulable, "timed out trying to allocate devices",
+# and the next subrequest is never tried. Later allocators (v0.36 source) start each next pick after the
+# previous device (`allocateOne`'s startLocation): combinations, 2^M at most; the planner takes that from 1.35.
+PERMUTATION_SEARCH_FIXED_IN = (1, 35)
+FILTER_TIMEOUT_S = 10.0
+# Cost of one `allocateOne` invocation on the real 1.34.12 scheduler (tests/e2e), measured with an
+# unsatisfiable request over 8 or 9 candidates on nodes of 9, 32 and 64 devices: 2.2, 5.7 and 10 us.
+INVOCATION_US = 1.0
+INVOCATION_US_PER_DEVICE = 0.14
+
+
+def _sequences(m: int) -> int:
+    """The number of ordered sequences of distinct devices out of m, the empty one included."""
+    count = 1
+    for k in range(1, m + 1):
+        count = 1 + k * count
+    return count
+
+
+def _ordered_prefixes(m: int, n: int) -> int:
+    """The non-empty ordered sequences of at most n distinct devices out of m."""
+    count, term = 0, 1
+    for k in range(1, min(m, n) + 1):
+        term *= m - k + 1
+        count += term
+    return count
+
+
+@dataclass
+class _Walk:
+    """The 1.34 walk of one request in one state of the search, in `allocateOne` invocations."""
+
+    candidates: int  # usable devices
+    groups: int  # groups of equal values of the constraints still open
+    met: bool  # some group holds the count
+    first: int  # until the request is met or given up
+    full: int  # its whole tree: every sequence of up to `count` devices
 
 
 class FilterTimeout(AllocationError):
@@ -172,6 +222,8 @@ class NodeSearch:
         self.state: list[list[list]] = [[[None, 0] for _ in cs] for cs in self.constraints]
         self.allocating: dict[int, set[int]] = {}  # device uid -> claims taking it in this attempt
         self.steps = 0
+        self.permutation_search = kubernetes_version is not None and kubernetes_version < PERMUTATION_SEARCH_FIXED_IN
+        self.search_us = 0.0  # the 1.34 allocator's search time up to this point of the walk (a lower bound)
 
     # -- public ------------------------------------------------------------------------------------
     def run(self) -> list[list[tuple[DeviceRequest, SimDevice]]] | None:
@@ -195,30 +247,9 @@ class NodeSearch:
                 notes = f" ({'; '.join(all_notes)})" if all_notes else ""
                 raise AllocationError(f"claim {claim.namespace}/{claim.name}: number of requested devices {minimum} "
                                       f"exceeds the claim limit of {MAX_RESULTS_PER_CLAIM}{notes}")
-        if self.kubernetes_version is not None and self.kubernetes_version < FIRST_AVAILABLE_TIMEOUT_FIXED_IN:
-            self._check_first_available_timeout()
         if not self._slot(0):
             return None
         return self.results
-
-    def _check_first_available_timeout(self) -> None:
-        for claim in self.claims:
-            for request in claim.spec.requests:
-                if not request.first_available:
-                    continue
-                for alt in request.alternatives[:-1]:
-                    if alt.all_devices:
-                        continue
-                    free = [d for d in self.matcher.candidates(alt, self.node).matching
-                            if self.ignore_owners or d.owner is None]
-                    if alt.count > len(free) >= FIRST_AVAILABLE_TIMEOUT_CANDIDATES:
-                        version = ".".join(map(str, self.kubernetes_version or ()))
-                        raise FilterTimeout(
-                            f"request {request.name}: on Kubernetes {version} never scheduled on {self.node.kind}: "
-                            f"subrequest {alt.result_name} asks for {alt.count} of the {len(free)} devices that match "
-                            "it, and the allocator searches their permutations until the scheduler's 10 s filter "
-                            "timeout instead of trying the next subrequest (kubernetes/kubernetes#131730, fixed "
-                            "after 1.34); put a subrequest that fits first")
 
     # -- search ------------------------------------------------------------------------------------
     def _slot(self, s: int) -> bool:
@@ -229,9 +260,74 @@ class NodeSearch:
             if alt.all_devices:
                 if self._all(s, alt):
                     return True
-            elif self._lookahead(s, alt, -1, alt.count) and self._pick(s, alt, 0, alt.count):
+                continue
+            walk = self._permutation_walk(s, alt) if self.permutation_search else None
+            if self._lookahead(s, alt, -1, alt.count) and self._pick(s, alt, 0, alt.count):
                 return True
+            if walk is not None and walk.met and not self._overflows_later(s, alt):
+                # Met, but no later request could follow: upstream walked every sequence of this request.
+                self._charge(walk.full - walk.first, s, alt, walk, backtracked=True)
         return False
+
+    # -- the 1.34 allocator's search time (see PERMUTATION_SEARCH_FIXED_IN) ------------------------------
+    def _permutation_walk(self, s: int, alt: DeviceRequest) -> _Walk | None:
+        """Charge the invocations the 1.34 walk spends on `alt` entered in the current state until it is met
+        or given up; None where that walk does not search (the claim limit ends it, or a CEL error does)."""
+        claim = self.slots[s].claim
+        if len(self.results[claim]) + alt.count > MAX_RESULTS_PER_CLAIM:
+            return None
+        cands = self.matcher.candidates(alt, self.node)
+        if cands.errors:
+            return None
+        usable = self._open(claim, alt, cands.devices)
+        open_constraints = [c.attribute for c, state in zip(self.constraints[claim], self.state[claim], strict=True)
+                            if c.applies(alt) and state[1] == 0]
+        keys = [tuple(d.attribute(a) for a in open_constraints) for d in usable]
+        sizes = Counter(keys)
+        full = 1 + sum(_ordered_prefixes(m, alt.count) for m in sizes.values())
+        first, met = 1, False
+        for key in keys:
+            if sizes[key] >= alt.count:
+                first, met = first + alt.count, True
+                break
+            first += _sequences(sizes[key] - 1)  # every sequence this device starts within its group
+        walk = _Walk(len(usable), len(sizes), met, first if met else full, full)
+        self._charge(walk.first, s, alt, walk, backtracked=False)
+        return walk
+
+    def _overflows_later(self, s: int, alt: DeviceRequest) -> bool:
+        """Would the claim's later requests exceed the 32-device limit whatever they pick? Then upstream's
+        errAllocationResultMaxSizeExceeded unwinds the walk at its first full sequence."""
+        claim = self.slots[s].claim
+        total = len(self.results[claim]) + alt.count
+        for slot in self.slots[s + 1:]:
+            if slot.claim == claim:
+                total += min(len(self.matcher.candidates(a, self.node).devices) if a.all_devices else a.count
+                             for a in slot.request.alternatives)
+        return total > MAX_RESULTS_PER_CLAIM
+
+    def _charge(self, invocations: int, s: int, alt: DeviceRequest, walk: _Walk, *, backtracked: bool) -> None:
+        self.search_us += invocations * (INVOCATION_US + INVOCATION_US_PER_DEVICE * len(self.node.devices))
+        if self.search_us <= FILTER_TIMEOUT_S * 1e6:
+            return
+        request = self.slots[s].request
+        kind = "subrequest" if request.first_available else "request"
+        version = ".".join(map(str, self.kubernetes_version or ()))
+        groups = f" (in {walk.groups} groups of equal matchAttribute values)" if walk.groups > 1 else ""
+        if backtracked:
+            what = (f"{kind} {alt.result_name} takes {alt.count} of the {walk.candidates} devices that match it, the "
+                    "later requests cannot follow, and the allocator tries every ordering of those devices")
+        else:
+            what = (f"{kind} {alt.result_name} asks for {alt.count} of the {walk.candidates} devices that match "
+                    f"it{groups}, and the allocator tries their orderings")
+        later = " instead of trying the next subrequest" if request.first_available and \
+            alt is not request.alternatives[-1] else ""
+        fix = "put a subrequest that fits first" if request.first_available else \
+            "ask for no more devices than the node has free"
+        raise FilterTimeout(
+            f"request {request.name}: on Kubernetes {version} never scheduled on {self.node.kind}: {what} (an "
+            f"estimated {self.search_us / 1e6:.3g} s) until the scheduler's {FILTER_TIMEOUT_S:.0f} s filter "
+            f"timeout{later} (kubernetes/kubernetes#131730, fixed in 1.35); {fix}")
 
     def _all(self, s: int, alt: DeviceRequest) -> bool:
         claim = self.slots[s].claim
