@@ -13,6 +13,7 @@ the pruning below only cuts branches that cannot lead to a solution.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -160,10 +161,14 @@ class _Slot:
 # previous device (`allocateOne`'s startLocation): combinations, 2^M at most; the planner takes that from 1.35.
 PERMUTATION_SEARCH_FIXED_IN = (1, 35)
 FILTER_TIMEOUT_S = 10.0
-# Cost of one `allocateOne` invocation on the real 1.34.12 scheduler (tests/e2e), measured with an
-# unsatisfiable request over 8 or 9 candidates on nodes of 9, 32 and 64 devices: 2.2, 5.7 and 10 us.
-INVOCATION_US = 1.0
-INVOCATION_US_PER_DEVICE = 0.14
+# Cost of one `allocateOne` invocation on the real 1.34.12 scheduler (tests/e2e control plane), timed with
+# unsatisfiable requests over 8 or 9 candidates (S(8) = 109,601, S(9) = 986,410 invocations), the least loaded
+# of repeated runs: 2.1, 3.2, 5.0, 9.0, 17 and 23 us on nodes of 9, 16, 32, 64, 96 and 128 devices, and with
+# a matchAttribute constraint over 16 candidates (two groups of 8) 6.0, 7.5 and 12 us on 16, 32 and 64 devices:
+# each free candidate costs a constraint check more. The timings vary by about 2x with the machine's load.
+INVOCATION_US = 0.8
+INVOCATION_US_PER_DEVICE = 0.17
+INVOCATION_US_PER_CONSTRAINED_CANDIDATE = 0.15
 
 
 def _sequences(m: int) -> int:
@@ -192,6 +197,9 @@ class _Walk:
     met: bool  # some group holds the count
     first: int  # until the request is met or given up
     full: int  # its whole tree: every sequence of up to `count` devices
+    complete: int  # the sequences of `count` devices, each followed by the next request
+    taken: list[SimDevice]  # the devices of the first one
+    invocation_us: float  # the cost of one invocation on this node
 
 
 class FilterTimeout(AllocationError):
@@ -261,18 +269,23 @@ class NodeSearch:
                 if self._all(s, alt):
                     return True
                 continue
-            walk = self._permutation_walk(s, alt) if self.permutation_search else None
+            walk = self._walk(s, alt) if self.permutation_search else None
+            if walk is not None:
+                self._charge(walk.first * walk.invocation_us, s, alt, walk, backtracked=False)
+            charged = self.search_us
             if self._lookahead(s, alt, -1, alt.count) and self._pick(s, alt, 0, alt.count):
                 return True
             if walk is not None and walk.met and not self._overflows_later(s, alt):
-                # Met, but no later request could follow: upstream walked every sequence of this request.
-                self._charge(walk.full - walk.first, s, alt, walk, backtracked=True)
+                # Met, but no later request could follow: upstream walked every sequence of this request, and
+                # the next request after each full one (the planner's search counted the ones it entered).
+                branch = (walk.full - walk.first) * walk.invocation_us + walk.complete * self._next_walk_us(s, alt)
+                self._charge(max(0.0, branch - (self.search_us - charged)), s, alt, walk, backtracked=True)
         return False
 
     # -- the 1.34 allocator's search time (see PERMUTATION_SEARCH_FIXED_IN) ------------------------------
-    def _permutation_walk(self, s: int, alt: DeviceRequest) -> _Walk | None:
-        """Charge the invocations the 1.34 walk spends on `alt` entered in the current state until it is met
-        or given up; None where that walk does not search (the claim limit ends it, or a CEL error does)."""
+    def _walk(self, s: int, alt: DeviceRequest) -> _Walk | None:
+        """The 1.34 walk of `alt` entered in the current state; None where it does not search (the claim
+        limit ends it, or a CEL error does)."""
         claim = self.slots[s].claim
         if len(self.results[claim]) + alt.count > MAX_RESULTS_PER_CLAIM:
             return None
@@ -285,15 +298,38 @@ class NodeSearch:
         keys = [tuple(d.attribute(a) for a in open_constraints) for d in usable]
         sizes = Counter(keys)
         full = 1 + sum(_ordered_prefixes(m, alt.count) for m in sizes.values())
-        first, met = 1, False
+        complete = sum(math.perm(m, alt.count) for m in sizes.values() if m >= alt.count)
+        first, met, taken = 1, False, []
         for key in keys:
             if sizes[key] >= alt.count:
                 first, met = first + alt.count, True
+                taken = [d for d, k in zip(usable, keys, strict=True) if k == key][:alt.count]
                 break
             first += _sequences(sizes[key] - 1)  # every sequence this device starts within its group
-        walk = _Walk(len(usable), len(sizes), met, first if met else full, full)
-        self._charge(walk.first, s, alt, walk, backtracked=False)
-        return walk
+        # Upstream checks the constraints on every free candidate, also those whose values no longer fit.
+        constrained = sum(1 for d in cands.devices if self._usable(alt, d, claim)) \
+            if any(c.applies(alt) for c in self.constraints[claim]) else 0
+        invocation_us = INVOCATION_US + INVOCATION_US_PER_DEVICE * len(self.node.devices) + \
+            INVOCATION_US_PER_CONSTRAINED_CANDIDATE * constrained
+        return _Walk(len(usable), len(sizes), met, first if met else full, full, complete, taken, invocation_us)
+
+    def _next_walk_us(self, s: int, alt: DeviceRequest) -> float:
+        """The walk of the next request (each of its subrequests in turn) after `alt` took its first devices,
+        the estimate for every full sequence of `alt`."""
+        if s + 1 == len(self.slots):
+            return 0.0
+        claim, walk = self.slots[s].claim, self._walk(s, alt)
+        for device in walk.taken:
+            self._constraints_add(claim, alt, device)
+            self._take(claim, alt, device)
+        total = 0.0
+        for later in self.slots[s + 1].request.alternatives:
+            after = None if later.all_devices else self._walk(s + 1, later)
+            total += after.first * after.invocation_us if after else INVOCATION_US
+        for device in reversed(walk.taken):
+            self._constraints_remove(claim, alt, device)
+            self._untake(claim, alt, device)
+        return total
 
     def _overflows_later(self, s: int, alt: DeviceRequest) -> bool:
         """Would the claim's later requests exceed the 32-device limit whatever they pick? Then upstream's
@@ -306,8 +342,8 @@ class NodeSearch:
                              for a in slot.request.alternatives)
         return total > MAX_RESULTS_PER_CLAIM
 
-    def _charge(self, invocations: int, s: int, alt: DeviceRequest, walk: _Walk, *, backtracked: bool) -> None:
-        self.search_us += invocations * (INVOCATION_US + INVOCATION_US_PER_DEVICE * len(self.node.devices))
+    def _charge(self, us: float, s: int, alt: DeviceRequest, walk: _Walk, *, backtracked: bool) -> None:
+        self.search_us += us
         if self.search_us <= FILTER_TIMEOUT_S * 1e6:
             return
         request = self.slots[s].request
