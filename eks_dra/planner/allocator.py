@@ -152,7 +152,8 @@ class _Slot:
 #     where S(m) = 1 + m * S(m - 1), S(0) = 1 counts the sequences of m devices (S(9) ~ 1e6, S(10) ~ 1e7).
 #     A satisfiable request first exhausts the groups too small that it meets, then takes N devices;
 #   - a request that is met but whose later requests then fail is walked in full (every sequence of up to N
-#     devices), unless the failure is errAllocationResultMaxSizeExceeded, which unwinds at once;
+#     devices, each full one followed by the next request's walk: 720 x S(7) for 3 of 10 devices followed by
+#     a request of 9), unless the failure is errAllocationResultMaxSizeExceeded, which unwinds at once;
 #   - allocationMode All takes its devices in one fixed order: no search.
 # Each invocation loops over all devices of the node (in-use and selector checks are cached map lookups).
 # The scheduler (pkg/scheduler/framework/plugins/dynamicresources Filter, DRASchedulerFilterTimeout, beta and
