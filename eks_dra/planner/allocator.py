@@ -13,6 +13,7 @@ the pruning below only cuts branches that cannot lead to a solution.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -136,12 +137,70 @@ class _Slot:
     request: Request
 
 
-# kubernetes/kubernetes#131730: the 1.34 allocator, given a firstAvailable subrequest it cannot satisfy, searches
-# the permutations of the devices that match it until kube-scheduler's 10 s filter timeout, and never tries the
-# next subrequest. Measured on the real 1.34.12 scheduler with 16 candidates (17 Neuron devices asked on a
-# trn2.48xlarge); from about ten candidates the search outlasts the timeout. Fixed after 1.34.
-FIRST_AVAILABLE_TIMEOUT_CANDIDATES = 10
-FIRST_AVAILABLE_TIMEOUT_FIXED_IN = (1, 35)
+# Kubernetes 1.34 runs the "experimental" allocator of k8s.io/dynamic-resource-allocation v0.34
+# (structured/allocator.go NewAllocator takes the first implementation that supports every enabled gate, and
+# DRAResourceClaimDeviceStatus, beta and on in 1.34, is supported by structured/internal/experimental only).
+# Its search, structured/internal/experimental/allocator_experimental.go `allocateOne`, picks each device of
+# an ExactCount request by walking every device of the node's pools from the first one, so it tries the
+# ordered sequences (permutations) of the candidates, not their combinations, and nothing checks beforehand
+# that a request has enough candidates. When a request (or `firstAvailable` subrequest) asks for N devices:
+#   - if the claim's devices so far plus N exceed 32 (AllocationResultsMaxSize), `allocateOne` returns
+#     errAllocationResultMaxSizeExceeded at once and the subrequest loop tries the next subrequest: no search;
+#   - otherwise, with M usable candidates (matching, not in use, keeping the `matchAttribute` values fixed so
+#     far) split into groups by the values of the constraints still open (the first device fixes them), the
+#     walk visits 1 + sum over groups of (S(m) - 1) invocations before it gives up when no group holds N,
+#     where S(m) = 1 + m * S(m - 1), S(0) = 1 counts the sequences of m devices (S(9) ~ 1e6, S(10) ~ 1e7).
+#     A satisfiable request first exhausts the groups too small that it meets, then takes N devices;
+#   - a request that is met but whose later requests then fail is walked in full (every sequence of up to N
+#     devices, each full one followed by the next request's walk: 720 x S(7) for 3 of 10 devices followed by
+#     a request of 9), unless the failure is errAllocationResultMaxSizeExceeded, which unwinds at once;
+#   - allocationMode All takes its devices in one fixed order: no search.
+# Each invocation loops over all devices of the node (in-use and selector checks are cached map lookups).
+# The scheduler (pkg/scheduler/framework/plugins/dynamicresources Filter, DRASchedulerFilterTimeout, beta and
+# on in 1.34) cancels Allocate after 10 s: the node is unschedulable, "timed out trying to allocate devices",
+# and the next subrequest is never tried. Later allocators (v0.36 source) start each next pick after the
+# previous device (`allocateOne`'s startLocation): combinations, 2^M at most; the planner takes that from 1.35.
+PERMUTATION_SEARCH_FIXED_IN = (1, 35)
+FILTER_TIMEOUT_S = 10.0
+# Cost of one `allocateOne` invocation on the real 1.34.12 scheduler (tests/e2e control plane), timed with
+# unsatisfiable requests over 8 or 9 candidates (S(8) = 109,601, S(9) = 986,410 invocations), the least loaded
+# of repeated runs: 2.1, 3.2, 5.0, 9.0, 17 and 23 us on nodes of 9, 16, 32, 64, 96 and 128 devices, and with
+# a matchAttribute constraint over 16 candidates (two groups of 8) 6.0, 7.5 and 12 us on 16, 32 and 64 devices:
+# each free candidate costs a constraint check more. The timings vary by about 2x with the machine's load.
+INVOCATION_US = 0.8
+INVOCATION_US_PER_DEVICE = 0.17
+INVOCATION_US_PER_CONSTRAINED_CANDIDATE = 0.15
+
+
+def _sequences(m: int) -> int:
+    """The number of ordered sequences of distinct devices out of m, the empty one included."""
+    count = 1
+    for k in range(1, m + 1):
+        count = 1 + k * count
+    return count
+
+
+def _ordered_prefixes(m: int, n: int) -> int:
+    """The non-empty ordered sequences of at most n distinct devices out of m."""
+    count, term = 0, 1
+    for k in range(1, min(m, n) + 1):
+        term *= m - k + 1
+        count += term
+    return count
+
+
+@dataclass
+class _Walk:
+    """The 1.34 walk of one request in one state of the search, in `allocateOne` invocations."""
+
+    candidates: int  # usable devices
+    groups: int  # groups of equal values of the constraints still open
+    met: bool  # some group holds the count
+    first: int  # until the request is met or given up
+    full: int  # its whole tree: every sequence of up to `count` devices
+    complete: int  # the sequences of `count` devices, each followed by the next request
+    taken: list[SimDevice]  # the devices of the first one
+    invocation_us: float  # the cost of one invocation on this node
 
 
 class FilterTimeout(AllocationError):
@@ -172,6 +231,8 @@ class NodeSearch:
         self.state: list[list[list]] = [[[None, 0] for _ in cs] for cs in self.constraints]
         self.allocating: dict[int, set[int]] = {}  # device uid -> claims taking it in this attempt
         self.steps = 0
+        self.permutation_search = kubernetes_version is not None and kubernetes_version < PERMUTATION_SEARCH_FIXED_IN
+        self.search_us = 0.0  # the 1.34 allocator's search time up to this point of the walk (a lower bound)
 
     # -- public ------------------------------------------------------------------------------------
     def run(self) -> list[list[tuple[DeviceRequest, SimDevice]]] | None:
@@ -195,30 +256,9 @@ class NodeSearch:
                 notes = f" ({'; '.join(all_notes)})" if all_notes else ""
                 raise AllocationError(f"claim {claim.namespace}/{claim.name}: number of requested devices {minimum} "
                                       f"exceeds the claim limit of {MAX_RESULTS_PER_CLAIM}{notes}")
-        if self.kubernetes_version is not None and self.kubernetes_version < FIRST_AVAILABLE_TIMEOUT_FIXED_IN:
-            self._check_first_available_timeout()
         if not self._slot(0):
             return None
         return self.results
-
-    def _check_first_available_timeout(self) -> None:
-        for claim in self.claims:
-            for request in claim.spec.requests:
-                if not request.first_available:
-                    continue
-                for alt in request.alternatives[:-1]:
-                    if alt.all_devices:
-                        continue
-                    free = [d for d in self.matcher.candidates(alt, self.node).matching
-                            if self.ignore_owners or d.owner is None]
-                    if alt.count > len(free) >= FIRST_AVAILABLE_TIMEOUT_CANDIDATES:
-                        version = ".".join(map(str, self.kubernetes_version or ()))
-                        raise FilterTimeout(
-                            f"request {request.name}: on Kubernetes {version} never scheduled on {self.node.kind}: "
-                            f"subrequest {alt.result_name} asks for {alt.count} of the {len(free)} devices that match "
-                            "it, and the allocator searches their permutations until the scheduler's 10 s filter "
-                            "timeout instead of trying the next subrequest (kubernetes/kubernetes#131730, fixed "
-                            "after 1.34); put a subrequest that fits first")
 
     # -- search ------------------------------------------------------------------------------------
     def _slot(self, s: int) -> bool:
@@ -229,9 +269,102 @@ class NodeSearch:
             if alt.all_devices:
                 if self._all(s, alt):
                     return True
-            elif self._lookahead(s, alt, -1, alt.count) and self._pick(s, alt, 0, alt.count):
+                continue
+            walk = self._walk(s, alt) if self.permutation_search else None
+            if walk is not None:
+                self._charge(walk.first * walk.invocation_us, s, alt, walk, backtracked=False)
+            charged = self.search_us
+            if self._lookahead(s, alt, -1, alt.count) and self._pick(s, alt, 0, alt.count):
                 return True
+            if walk is not None and walk.met and not self._overflows_later(s, alt):
+                # Met, but no later request could follow: upstream walked every sequence of this request, and
+                # the next request after each full one (the planner's search counted the ones it entered).
+                branch = (walk.full - walk.first) * walk.invocation_us + walk.complete * self._next_walk_us(s, alt)
+                self._charge(max(0.0, branch - (self.search_us - charged)), s, alt, walk, backtracked=True)
         return False
+
+    # -- the 1.34 allocator's search time (see PERMUTATION_SEARCH_FIXED_IN) ------------------------------
+    def _walk(self, s: int, alt: DeviceRequest) -> _Walk | None:
+        """The 1.34 walk of `alt` entered in the current state; None where it does not search (the claim
+        limit ends it, or a CEL error does)."""
+        claim = self.slots[s].claim
+        if len(self.results[claim]) + alt.count > MAX_RESULTS_PER_CLAIM:
+            return None
+        cands = self.matcher.candidates(alt, self.node)
+        if cands.errors:
+            return None
+        usable = self._open(claim, alt, cands.devices)
+        open_constraints = [c.attribute for c, state in zip(self.constraints[claim], self.state[claim], strict=True)
+                            if c.applies(alt) and state[1] == 0]
+        keys = [tuple(d.attribute(a) for a in open_constraints) for d in usable]
+        sizes = Counter(keys)
+        full = 1 + sum(_ordered_prefixes(m, alt.count) for m in sizes.values())
+        complete = sum(math.perm(m, alt.count) for m in sizes.values() if m >= alt.count)
+        first, met, taken = 1, False, []
+        for key in keys:
+            if sizes[key] >= alt.count:
+                first, met = first + alt.count, True
+                taken = [d for d, k in zip(usable, keys, strict=True) if k == key][:alt.count]
+                break
+            first += _sequences(sizes[key] - 1)  # every sequence this device starts within its group
+        # Upstream checks the constraints on every free candidate, also those whose values no longer fit.
+        constrained = sum(1 for d in cands.devices if self._usable(alt, d, claim)) \
+            if any(c.applies(alt) for c in self.constraints[claim]) else 0
+        invocation_us = INVOCATION_US + INVOCATION_US_PER_DEVICE * len(self.node.devices) + \
+            INVOCATION_US_PER_CONSTRAINED_CANDIDATE * constrained
+        return _Walk(len(usable), len(sizes), met, first if met else full, full, complete, taken, invocation_us)
+
+    def _next_walk_us(self, s: int, alt: DeviceRequest) -> float:
+        """The walk of the next request (each of its subrequests in turn) after `alt` took its first devices,
+        the estimate for every full sequence of `alt`."""
+        if s + 1 == len(self.slots):
+            return 0.0
+        claim, walk = self.slots[s].claim, self._walk(s, alt)
+        for device in walk.taken:
+            self._constraints_add(claim, alt, device)
+            self._take(claim, alt, device)
+        total = 0.0
+        for later in self.slots[s + 1].request.alternatives:
+            after = None if later.all_devices else self._walk(s + 1, later)
+            total += after.first * after.invocation_us if after else INVOCATION_US
+        for device in reversed(walk.taken):
+            self._constraints_remove(claim, alt, device)
+            self._untake(claim, alt, device)
+        return total
+
+    def _overflows_later(self, s: int, alt: DeviceRequest) -> bool:
+        """Would the claim's later requests exceed the 32-device limit whatever they pick? Then upstream's
+        errAllocationResultMaxSizeExceeded unwinds the walk at its first full sequence."""
+        claim = self.slots[s].claim
+        total = len(self.results[claim]) + alt.count
+        for slot in self.slots[s + 1:]:
+            if slot.claim == claim:
+                total += min(len(self.matcher.candidates(a, self.node).devices) if a.all_devices else a.count
+                             for a in slot.request.alternatives)
+        return total > MAX_RESULTS_PER_CLAIM
+
+    def _charge(self, us: float, s: int, alt: DeviceRequest, walk: _Walk, *, backtracked: bool) -> None:
+        self.search_us += us
+        if self.search_us <= FILTER_TIMEOUT_S * 1e6:
+            return
+        request = self.slots[s].request
+        kind = "subrequest" if request.first_available else "request"
+        version = ".".join(map(str, self.kubernetes_version or ()))
+        groups = f" (in {walk.groups} groups of equal matchAttribute values)" if walk.groups > 1 else ""
+        if backtracked:
+            what = (f"{kind} {alt.result_name} takes {alt.count} of the {walk.candidates} devices that match it, the "
+                    "later requests cannot follow, and the allocator tries every ordering of those devices")
+        else:
+            what = (f"{kind} {alt.result_name} asks for {alt.count} of the {walk.candidates} devices that match "
+                    f"it{groups}, and the allocator tries their orderings")
+        later = " instead of trying the next subrequest" if request.first_available and \
+            alt is not request.alternatives[-1] else ""
+        fix = "put a subrequest that fits first" if request.first_available else \
+            "ask for no more devices than the node has free"
+        raise FilterTimeout(
+            f"request {request.name}: on Kubernetes {version} never scheduled on {self.node.kind}: {what} (an "
+            f"estimated {self.search_us / 1e6:.3g} s) until the scheduler's {FILTER_TIMEOUT_S:.0f} s filter "
+            f"timeout{later} (kubernetes/kubernetes#131730, fixed in 1.35); {fix}")
 
     def _all(self, s: int, alt: DeviceRequest) -> bool:
         claim = self.slots[s].claim
