@@ -4,7 +4,8 @@
     eks-dra plan -c env=dev          # the environment's DRA node groups and dist/dev/*.k8s.yaml
     eks-dra plan --slices slices.yaml --claims claims.yaml   # the nodes of published ResourceSlices
 
-Exit codes: 0 every claim allocated, 1 at least one is not, 2 bad input.
+Exit codes: 0 every claim allocated, 1 at least one is not (or a workload's pods could not be planned: a kind
+the planner does not understand, unless --ignore-unknown), 2 bad input.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubernetes-version", metavar="MAJOR.MINOR", type=_kubernetes_version,
                         help=f"the scheduler to predict (default {DEFAULT_KUBERNETES_VERSION}; "
                              "with -c env=NAME the environment's)")
+    parser.add_argument("--ignore-unknown", action="store_true",
+                        help="exit 0 even when the files hold workload kinds the planner does not understand "
+                             "(they are still reported; their pods are not planned)")
     parser.add_argument("--driver-name", action="append", default=[], metavar="FAMILY=NAME",
                         help="driver name of a device family (gpu, efa, neuron) if not the eks-dra default")
 
@@ -122,6 +126,9 @@ def build_plan(args: argparse.Namespace) -> PlanResult:
     ours = {classes.driver(f): f for f in FAMILIES if not classes.upstream(f)}
     result = Planner(env, nodes, config_drivers=ours, kubernetes_version=version).run(manifests.pods)
     result.warnings.extend(manifests.skipped)
+    result.warnings.extend(manifests.not_planned)
+    result.warnings.extend(manifests.unknown)
+    result.unplanned = manifests.not_planned + ([] if args.ignore_unknown else manifests.unknown)
     return result
 
 
