@@ -228,7 +228,7 @@ WORKLOADS: dict[tuple[str, str], Workload] = {
         "leaderworkerset.x-k8s.io/v1", "kubernetes-sigs/lws v0.7.0", leader_worker_set),
     ("ray.io", "RayCluster"): Workload("ray.io/v1", "ray-project/kuberay v1.4.2", ray_cluster),
     ("ray.io", "RayJob"): Workload("ray.io/v1", "ray-project/kuberay v1.4.2", ray_job),
-    ("batch.volcano.sh", "Job"): Workload("batch.volcano.sh/v1alpha1", "volcano-sh/volcano v1.12.2", volcano_job),
+    ("batch.volcano.sh", "Job"): Workload("batch.volcano.sh/v1alpha1", "volcano.sh/apis v1.12.2", volcano_job),
     ("trainer.kubeflow.org", "TrainJob"): Workload("trainer.kubeflow.org/v1alpha1", "kubeflow/trainer v2.0.1",
                                                    train_job),
 }
