@@ -99,6 +99,12 @@ def _go(args: list[str], cwd: Path | str, mod: str) -> subprocess.CompletedProce
     return subprocess.run(["go", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
+def _reason(run: subprocess.CompletedProcess) -> str:
+    """The first line of a failed go command's output that is not download progress."""
+    lines = [line for line in (run.stderr + run.stdout).splitlines() if line and not line.startswith("go: downloading")]
+    return lines[0] if lines else f"exit status {run.returncode}"
+
+
 def module_dir(module: str, version: str) -> Path:
     """The module's directory in the Go module cache, downloading it through GOPROXY if needed."""
     # Outside any go.mod (an empty folder), so no main module's go.sum or vendor folder is read or written.
@@ -107,7 +113,7 @@ def module_dir(module: str, version: str) -> Path:
     try:
         info = json.loads(run.stdout)
     except json.JSONDecodeError:
-        raise GenerateError(f"go mod download {module}@{version}: {run.stderr.strip() or run.returncode}") from None
+        raise GenerateError(f"go mod download {module}@{version}: {_reason(run)}") from None
     if info.get("Error") or not info.get("Dir"):
         first = str(info.get("Error") or "no Dir in its answer").splitlines()[0]
         raise GenerateError(f"go mod download {module}@{version}: {first}")
@@ -117,16 +123,17 @@ def module_dir(module: str, version: str) -> Path:
 def controller_gen(source: Source, out: Path) -> Path:
     """Run controller-gen over `source.package`; the folder it wrote the CRD YAML to."""
     pinned = _go(["list", "-m", "-json", source.module], CONTROLLER_GEN, "readonly")
-    version = json.loads(pinned.stdout).get("Version") if pinned.returncode == 0 else None
+    if pinned.returncode != 0:
+        raise GenerateError(f"{CONTROLLER_GEN / 'go.mod'}: go list -m {source.module}: {_reason(pinned)}")
+    version = json.loads(pinned.stdout).get("Version")
     if version != source.module_version:
-        raise GenerateError(f"{CONTROLLER_GEN / 'go.mod'}: requires {source.module} {version or '(not at all)'}, "
-                            f"SOURCES says {source.module_version}; make them agree (then `go mod tidy` there)")
+        raise GenerateError(f"{CONTROLLER_GEN / 'go.mod'}: requires {source.module} {version}, SOURCES says "
+                            f"{source.module_version}; make them agree (then `go mod tidy` there)")
     run = _go(["run", "sigs.k8s.io/controller-tools/cmd/controller-gen", CONTROLLER_GEN_OPTIONS,
                f"paths={source.module}/{source.package}", f"output:crd:artifacts:config={out}"],
               CONTROLLER_GEN, "readonly")
     if run.returncode != 0:
-        lines = (run.stderr or run.stdout).strip().splitlines() or [f"exit {run.returncode}"]
-        raise GenerateError(f"controller-gen {source.module}/{source.package}: {lines[0]}")
+        raise GenerateError(f"controller-gen {source.module}/{source.package}: {_reason(run)}")
     return out
 
 
