@@ -2,8 +2,10 @@
 
 Kinds read: DeviceClass, ResourceClaim, ResourceClaimTemplate (resource.k8s.io v1, v1beta2, and the flat
 v1beta1 request shape), Pod, and the pod templates of Deployment, ReplicaSet, StatefulSet, Job, CronJob and
-DaemonSet (one pod per node it may run on, expanded by the planner).
-Anything else (Services, RBAC, driver DaemonSets, ...) is skipped. Every problem raises UserError naming the
+DaemonSet (one pod per node it may run on, expanded by the planner), and of the ML workload kinds in
+workloads.py (Kubeflow, JobSet, LeaderWorkerSet, Ray, Volcano), checked against their CRDs' schemas.
+Kinds that create no pods (Services, RBAC, ...) are skipped; any other kind is reported in
+Manifests.unknown, and the templates it uses are not planned. Every problem raises UserError naming the
 file, the object and the field.
 """
 
@@ -34,6 +36,18 @@ from .model import (
     Source,
     Toleration,
 )
+from .workloads import (
+    NON_WORKLOAD_KINDS,
+    RUNTIME_KINDS,
+    NotPlanned,
+    PodGroup,
+    Workload,
+    expand,
+    group_of,
+    has_pod_template,
+    template_names,
+)
+from .workloads import check as workload_of
 
 RESOURCE_API_VERSIONS = ("resource.k8s.io/v1", "resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1")
 MAX_REQUESTS = 32  # DeviceRequestsMaxSize
@@ -58,6 +72,10 @@ class Manifests:
     classes: dict[str, DeviceClass] = field(default_factory=dict)
     pods: list[PlanPod] = field(default_factory=list)  # in plan order; they hold the claims
     skipped: list[str] = field(default_factory=list)  # why claims or pods were left out of the plan
+    # Workloads whose pods are not planned: kinds the planner does not understand, and understood ones whose
+    # pods cannot be known from the files (a TrainJob without its runtime). Either makes the plan incomplete.
+    unknown: list[str] = field(default_factory=list)
+    not_planned: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -330,6 +348,49 @@ def _affinity(spec: dict, where: str) -> tuple[tuple[NodeSelectorRequirement, ..
     return tuple(terms)
 
 
+def _pod_groups(docs: list[_Doc], manifests: Manifests) -> list[tuple[_Doc, PodGroup | None]]:
+    """Each workload's pod groups in document order; (doc, None) for a workload whose pods are not planned
+    (said so in manifests.unknown or manifests.not_planned)."""
+    runtimes: dict[tuple[str, str, str], dict] = {}
+    workloads: list[tuple[_Doc, Workload]] = []
+    out: list[tuple[_Doc, PodGroup | None]] = []
+    for doc in docs:
+        api = str(doc.obj.get("apiVersion", ""))
+        workload = workload_of(doc.obj, doc.kind, api, str(doc.source()))
+        if workload is not None and (group_of(api), doc.kind) in RUNTIME_KINDS:
+            scope = "" if doc.kind == "ClusterTrainingRuntime" else doc.namespace
+            runtimes[(doc.kind, scope, doc.name)] = doc.obj
+        elif workload is not None:
+            workloads.append((doc, workload))
+    known = {id(doc): workload for doc, workload in workloads}
+    for doc in docs:
+        workload = known.get(id(doc))
+        if workload is not None:
+            try:
+                groups = expand(doc.obj, workload, doc.kind, doc.name, doc.namespace, str(doc.source()), runtimes)
+            except NotPlanned as exc:
+                manifests.not_planned.append(str(exc))
+                out.append((doc, None))
+                continue
+            for group in groups:
+                if len(group.names) > MAX_WORKLOAD_PODS:
+                    raise UserError(f"{doc.source()}: {group.path}: {len(group.names)} pods at once is more than a "
+                                    f"Kubernetes cluster runs ({MAX_WORKLOAD_PODS}); write the replica count the "
+                                    "workload will really have")
+            out.extend((doc, group) for group in groups)
+        elif doc.kind == "Pod" or doc.kind in _WORKLOAD_KINDS:
+            pod_spec, count = _pod_count(doc)
+            names = (doc.name,) if doc.kind in ("Pod", "DaemonSet") else tuple(f"{doc.name}-{i}" for i in range(count))
+            out.append((doc, PodGroup(pod_spec, names, "spec" if doc.kind == "Pod" else "pod template spec")))
+        elif (group_of(str(doc.obj.get("apiVersion", ""))), doc.kind) in RUNTIME_KINDS:
+            continue
+        elif doc.kind not in NON_WORKLOAD_KINDS or has_pod_template(doc.obj):
+            manifests.unknown.append(f"{doc.source()}: kind not understood ({doc.obj.get('apiVersion')}); "
+                                     "its pods are not planned")
+            out.append((doc, None))
+    return out
+
+
 def _pod_count(doc: _Doc) -> tuple[dict, int]:
     """(pod spec, number of pods running at once) of a workload."""
     spec = doc.obj.get("spec") or {}
@@ -479,14 +540,17 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
 
     # Pods in document order; each unreferenced claim or template stands in as one implicit pod.
     units: list[tuple[int, PlanPod]] = []
+    manifests = Manifests()
     used_claims: set[tuple[str, str]] = set()
     used_templates: set[tuple[str, str]] = set()
-    for doc in docs:
-        if doc.kind != "Pod" and doc.kind not in _WORKLOAD_KINDS:
+    unplanned_templates: set[tuple[str, str]] = set()  # used by workloads whose pods are not planned
+    for doc, group in _pod_groups(docs, manifests):
+        if group is None:
+            unplanned_templates.update((doc.namespace, t) for t in template_names(doc.obj))
             continue
-        pod_spec, count = _pod_count(doc)
+        pod_spec = group.spec
         entries = pod_spec.get("resourceClaims") or []
-        where = f"{doc.source()}: {'spec' if doc.kind == 'Pod' else 'pod template spec'}"
+        where = f"{doc.source()}: {group.path}"
         try:
             extended = _extended_resource_requests(pod_spec, extended_classes) if extended_classes else []
         except UserError as exc:
@@ -500,9 +564,9 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
                 for e in entries if isinstance(e, dict)}
         if refs & skipped_refs:
             skipped.append(f"{doc.source()}: not planned: it uses a claim left out of the plan")
+            unplanned_templates.update((doc.namespace, t) for t in template_names(doc.obj))
             continue
-        for i in range(count):
-            pod_name = doc.name if doc.kind in ("Pod", "DaemonSet") else f"{doc.name}-{i}"
+        for i, pod_name in enumerate(group.names):
             pod_claims: list[PlanClaim] = []
             if extended_spec is not None:
                 pod_claims.append(PlanClaim(f"{pod_name}-extended-resources", doc.namespace, extended_spec,
@@ -547,14 +611,16 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
                           affinity_terms=_affinity(pod_spec, where),
                           tolerations=_tolerations(pod_spec.get("tolerations"), where),
                           node_name=pod_spec.get("nodeName") if doc.kind == "Pod" else None,
-                          daemon_templates=tuple(daemon_templates) if doc.kind == "DaemonSet" else None)
+                          daemon_templates=tuple(daemon_templates) if doc.kind == "DaemonSet" else None,
+                          gang=group.gang)
             units.append((doc.order, pod))
     for key, (doc, claim) in claims.items():
         if key not in used_claims:
             units.append((doc.order, PlanPod(claim.name, claim.namespace, [claim], doc.source(), implicit=True)))
     for key, (doc, tspec) in templates.items():
-        if key not in used_templates:
+        if key not in used_templates and key not in unplanned_templates:
             claim = PlanClaim(doc.name, doc.namespace, tspec, doc.source())
             units.append((doc.order, PlanPod(doc.name, doc.namespace, [claim], doc.source(), implicit=True)))
     units.sort(key=lambda u: u[0])
-    return Manifests(loader.classes, [pod for _, pod in units], skipped)
+    manifests.classes, manifests.pods, manifests.skipped = loader.classes, [pod for _, pod in units], skipped
+    return manifests

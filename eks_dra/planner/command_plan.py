@@ -5,7 +5,8 @@
     eks-dra plan --slices slices.yaml --claims claims.yaml   # the nodes of published ResourceSlices
     helm template ... | eks-dra plan -c env=dev --claims -     # manifests on stdin, like kubectl -f -
 
-Exit codes: 0 every claim allocated, 1 at least one is not, 2 bad input.
+Exit codes: 0 every claim allocated, 1 at least one is not (or a workload's pods could not be planned: a kind
+the planner does not understand, unless --ignore-unknown), 2 bad input.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubernetes-version", metavar="MAJOR.MINOR", type=_kubernetes_version,
                         help=f"the scheduler to predict (default {DEFAULT_KUBERNETES_VERSION}; "
                              "with -c env=NAME the environment's)")
+    parser.add_argument("--ignore-unknown", action="store_true",
+                        help="exit 0 even when the files hold workload kinds the planner does not understand "
+                             "(they are still reported; their pods are not planned)")
     parser.add_argument("--driver-name", action="append", default=[], metavar="FAMILY=NAME",
                         help="driver name of a device family (gpu, efa, neuron) if not the eks-dra default")
 
@@ -151,6 +155,9 @@ def build_plan(args: argparse.Namespace) -> PlanRun:
     replanner = Replanner(env, list(manifests.pods), ours, version)
     result = Planner(env, nodes, config_drivers=ours, kubernetes_version=version).run(manifests.pods)
     result.warnings.extend(manifests.skipped)
+    result.warnings.extend(manifests.not_planned)
+    result.warnings.extend(manifests.unknown)
+    result.unplanned = manifests.not_planned + ([] if args.ignore_unknown else manifests.unknown)
     return PlanRun(result, replanner, environment)
 
 

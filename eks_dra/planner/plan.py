@@ -33,10 +33,11 @@ class PlanResult:
     pods: list[PlanPod]
     nodes: list[SimNode]
     warnings: list[str] = field(default_factory=list)
+    unplanned: list[str] = field(default_factory=list)  # workloads whose pods are not in the plan
 
     @property
     def all_allocated(self) -> bool:
-        return all(c.allocated for c in self.claims) and not any(p.reason for p in self.pods)
+        return all(c.allocated for c in self.claims) and not any(p.reason for p in self.pods) and not self.unplanned
 
 
 # --- node placement (nodeSelector, required node affinity, taints) ------------------------------------
@@ -120,25 +121,63 @@ class Planner:
         self.config_drivers = config_drivers or {}
         self.matcher = Matcher(env)
         self._failed: dict[tuple, set[int]] = {}
+        self._gang_claims: list[PlanClaim] = []  # the claims the gang being scheduled was given
         self._layout_errors: dict[tuple, str | None] = {}
 
     def run(self, pods: list[PlanPod]) -> PlanResult:
-        """Schedule the pods in order; the result lists every claim once, in the order pods first use them."""
+        """Schedule the pods in order; the result lists every claim once, in the order pods first use them.
+        A gang's pods (consecutive in the list) are settled together once its last pod was tried."""
         scheduled: list[PlanPod] = []
         claims: list[PlanClaim] = []
         listed: set[int] = set()
-        warnings: list[str] = []
+        gang: list[PlanPod] = []
         for prototype in pods:
             for pod in self._expand(prototype):
+                if gang and pod.gang is not gang[0].gang:
+                    self._settle(gang)
+                    gang = []
                 scheduled.append(pod)
                 for claim in pod.claims:
                     if id(claim) not in listed:
                         listed.add(id(claim))
                         claims.append(claim)
+                if pod.gang is not None:
+                    if not gang:
+                        self._gang_claims = []
+                    gang.append(pod)
                 self.schedule(pod)
-                if pod.reason and all(c.allocated for c in pod.claims):
-                    warnings.append(f"pod {pod.namespace}/{pod.name}: {pod.reason}")
+        if gang:
+            self._settle(gang)
+        warnings = [f"pod {pod.namespace}/{pod.name}: {pod.reason}" for pod in scheduled
+                    if pod.reason and all(c.allocated for c in pod.claims)]
         return PlanResult(claims, scheduled, self.nodes, warnings)
+
+    def _settle(self, pods: list[PlanPod]) -> None:
+        """All or nothing, as a gang scheduler (Volcano, Kueue, the coscheduling plugin) admits a gang: when
+        fewer than min_available of its pods can be placed, none of them runs and the devices its claims were
+        given go back to the pool for the pods after it. Pods of the gang without claims always count as placed."""
+        gang = pods[0].gang
+        if gang is None:
+            return
+        waiting = [p for p in pods if p.node is None]
+        started = gang.size - len(waiting)
+        if started >= gang.min_available:
+            return
+        needs = "all of them" if gang.min_available == gang.size else f"minAvailable {gang.min_available}"
+        message = (f"gang {gang.name} would start {started} of {gang.size} pods and wait ({needs}); "
+                   "none of its pods runs, their devices stay free")
+        freed = {id(c) for c in self._gang_claims}
+        for node in self.nodes:
+            for device in node.devices:
+                if device.owner is not None and id(device.owner) in freed:
+                    device.owner = None
+        for claim in self._gang_claims:
+            claim.allocated, claim.node, claim.devices = False, None, []
+        for pod in pods:
+            reason = message if pod.node is not None else f"{pod.reason}; {message}"
+            pod.node = None
+            self._fail(pod, [c for c in pod.claims if id(c) in freed or not c.allocated], reason)
+        self._failed.clear()  # devices came back: a shape that failed on a node may fit there now
 
     def _expand(self, pod: PlanPod) -> list[PlanPod]:
         """A DaemonSet prototype becomes one pod per node it may run on, bound to that node."""
@@ -224,6 +263,8 @@ class Planner:
     def _commit(self, pod: PlanPod, node: SimNode, claims: list[PlanClaim],
                 found: list[list[tuple[DeviceRequest, SimDevice]]]) -> None:
         pod.node = node.name
+        if pod.gang is not None:
+            self._gang_claims.extend(claims)
         for claim, results in zip(claims, found, strict=True):
             claim.allocated, claim.node, claim.reason = True, node.name, None
             claim.devices = [allocated_device(claim, req, dev) for req, dev in results]
