@@ -72,6 +72,7 @@ e2e-node: deps
 bench: deps
 	$(PY) bench/synth.py
 	$(PY) bench/plan.py
+	$(PY) bench/plan_jobset.py
 	$(PY) bench/driver.py
 
 # The real-control-plane figures (Go toolchain needed): pod-to-prepared latency, scheduler vs planner,

@@ -71,7 +71,8 @@ MAX_NAMESPACE_LENGTH = 63  # a DNS label
 class Manifests:
     classes: dict[str, DeviceClass] = field(default_factory=dict)
     pods: list[PlanPod] = field(default_factory=list)  # in plan order; they hold the claims
-    skipped: list[str] = field(default_factory=list)  # why claims or pods were left out of the plan
+    # Why claims or pods were left out of the plan, and how a workload's pod count was chosen (warnings).
+    skipped: list[str] = field(default_factory=list)
     # Workloads whose pods are not planned: kinds the planner does not understand, and understood ones whose
     # pods cannot be known from the files (a TrainJob without its runtime). Either makes the plan incomplete.
     unknown: list[str] = field(default_factory=list)
@@ -378,6 +379,7 @@ def _pod_groups(docs: list[_Doc], manifests: Manifests) -> list[tuple[_Doc, PodG
                                     f"Kubernetes cluster runs ({MAX_WORKLOAD_PODS}); write the replica count the "
                                     "workload will really have")
             out.extend((doc, group) for group in groups)
+            manifests.skipped.extend(group.note for group in groups if group.note)
         elif doc.kind == "Pod" or doc.kind in _WORKLOAD_KINDS:
             pod_spec, count = _pod_count(doc)
             names = (doc.name,) if doc.kind in ("Pod", "DaemonSet") else tuple(f"{doc.name}-{i}" for i in range(count))
@@ -622,5 +624,6 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
             claim = PlanClaim(doc.name, doc.namespace, tspec, doc.source())
             units.append((doc.order, PlanPod(doc.name, doc.namespace, [claim], doc.source(), implicit=True)))
     units.sort(key=lambda u: u[0])
-    manifests.classes, manifests.pods, manifests.skipped = loader.classes, [pod for _, pod in units], skipped
+    manifests.classes, manifests.pods = loader.classes, [pod for _, pod in units]
+    manifests.skipped.extend(skipped)
     return manifests

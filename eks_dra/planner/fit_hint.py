@@ -114,16 +114,18 @@ def workload_fits(result: PlanResult, key: WorkloadKey) -> bool:
 
 def gang_starts(replanner: Replanner, result: PlanResult) -> dict[str, int]:
     """Per gang with a pod left unplaced: how many of its pods the scheduler would place were it not a gang
-    (one re-plan per gang, in which only that gang's pods are placed on their own)."""
+    (one re-plan per gang, in which only that gang's pods are placed on their own). The gang's pods without
+    claims are not in the plan and always count as placed, as in Planner._settle."""
     out: dict[str, int] = {}
-    for name in dict.fromkeys(p.gang.name for p in result.pods if p.gang is not None and not pod_fits(p)):
+    sizes = {p.gang.name: p.gang.size for p in result.pods if p.gang is not None and not pod_fits(p)}
+    for name, size in sizes.items():
         def ungang(pod: PlanPod, gang: str = name) -> PlanPod:
             return replace(pod, gang=None) if pod.gang is not None and pod.gang.name == gang else pod
         members = {(p.namespace, p.name) for p in result.pods if p.gang is not None and p.gang.name == name}
         again = replanner.run(fresh_nodes(result.nodes), ungang)
         if again is None:
             break
-        out[name] = sum(1 for p in again.pods if (p.namespace, p.name) in members and pod_fits(p))
+        out[name] = size - sum(1 for p in again.pods if (p.namespace, p.name) in members and not pod_fits(p))
     return out
 
 

@@ -9,7 +9,8 @@ RayCluster pods) the index stands in for it. Counts are the pods running at once
   the whole JobSet is one gang (it fails when any Job cannot run).
 - LeaderWorkerSet: `replicas` groups of `size` pods, leader <lws>-<group>, workers <lws>-<group>-<index>;
   each group is a gang.
-- RayCluster/RayJob: the head and each worker group's `replicas` (default minReplicas) × numOfHosts; no gang.
+- RayCluster/RayJob: the head and each worker group's replicas clamped to [minReplicas, maxReplicas], times
+  numOfHosts (the plan's warnings say which count); no gang.
 - Volcano Job: tasks[].replicas, <job>-<task>-<index>; one gang, min spec.minAvailable.
 - Kubeflow Trainer TrainJob: its (Cluster)TrainingRuntime's JobSet template, the trainer Job `numNodes` wide.
 """
@@ -17,7 +18,7 @@ RayCluster pods) the index stands in for it. Counts are the pods running at once
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eks_dra.devices.names import COMPUTE_DOMAIN_KIND
 from eks_dra.errors import UserError
@@ -34,6 +35,7 @@ class PodGroup:
     names: tuple[str, ...]
     path: str  # field path of the pod spec, for messages
     gang: Gang | None = None
+    note: str | None = None  # how the pod count was chosen, where the object gives more than one count
 
 
 class NotPlanned(Exception):  # noqa: N818 - a result, not an error: the object is reported, not refused
@@ -73,7 +75,7 @@ def _pod_spec(template: object) -> dict:
 
 
 def _with_gang(groups: list[PodGroup], gang: Gang) -> list[PodGroup]:
-    return [PodGroup(g.spec, g.names, g.path, gang) for g in groups]
+    return [replace(g, gang=gang) for g in groups]
 
 
 def _total(groups: list[PodGroup]) -> int:
@@ -145,20 +147,36 @@ def leader_worker_set(t: Target, _runtimes: dict) -> list[PodGroup]:
     return groups
 
 
+RAY_MAX_REPLICAS = 2**31 - 1  # the CRD's maxReplicas default (math.MaxInt32)
+
+
 def _ray_groups(t: Target, spec: dict, path: str) -> list[PodGroup]:
-    """The head and the worker groups. The planned count of a group is `replicas`, or minReplicas when unset
-    (what the operator starts before the autoscaler adds any), times numOfHosts."""
+    """The head and the worker groups. A group runs replicas clamped to [minReplicas, maxReplicas] (maxReplicas
+    when minReplicas is above it; 0 when suspended), times numOfHosts: KubeRay's GetWorkerGroupDesiredReplicas
+    (ray-operator/controllers/ray/utils/util.go). The autoscaler moves it within the bounds later; the plan
+    says which count it used."""
     head = spec.get("headGroupSpec") or {}
     groups = [PodGroup(_pod_spec(head.get("template")), (f"{t.name}-head",), f"{path}.headGroupSpec.template.spec")]
     for i, group in enumerate(spec.get("workerGroupSpecs") or []):
         gpath = f"{path}.workerGroupSpecs[{i}]"
         minimum = _count(group.get("minReplicas"), 0, f"{t.where}: {gpath}.minReplicas")
-        replicas = _count(group.get("replicas"), minimum, f"{t.where}: {gpath}.replicas")
+        maximum = _count(group.get("maxReplicas"), RAY_MAX_REPLICAS, f"{t.where}: {gpath}.maxReplicas")
+        replicas = _count(group.get("replicas"), 0, f"{t.where}: {gpath}.replicas")
         hosts = _count(group.get("numOfHosts"), 1, f"{t.where}: {gpath}.numOfHosts")
         if group.get("suspend") is True:
-            replicas = 0
-        names = tuple(f"{t.name}-{group.get('groupName')}-worker-{k}" for k in range(replicas * hosts))
-        groups.append(PodGroup(_pod_spec(group.get("template")), names, f"{gpath}.template.spec"))
+            desired, why = 0, "suspend is true"
+        elif minimum > maximum:
+            desired, why = maximum, f"maxReplicas {maximum}, as minReplicas {minimum} is above it"
+        elif replicas < minimum:
+            desired, why = minimum, f"minReplicas {minimum}, as replicas {replicas} is below it"
+        elif replicas > maximum:
+            desired, why = maximum, f"maxReplicas {maximum}, as replicas {replicas} is above it"
+        else:
+            desired, why = replicas, f"replicas {replicas} (minReplicas {minimum}, maxReplicas {maximum})"
+        names = tuple(f"{t.name}-{group.get('groupName')}-worker-{k}" for k in range(desired * hosts))
+        hosts_note = f", times numOfHosts {hosts}" if hosts != 1 else ""
+        note = f"{t.where}: {gpath} ({group.get('groupName')}): {len(names)} worker pods planned: {why}{hosts_note}"
+        groups.append(PodGroup(_pod_spec(group.get("template")), names, f"{gpath}.template.spec", note=note))
     return groups
 
 
