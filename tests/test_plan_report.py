@@ -161,7 +161,8 @@ def test_env_help_says_what_is_simulated():
                          cwd=REPO, timeout=120, env={**os.environ, "COLUMNS": "1000"})
     text = " ".join(run.stdout.split())
     assert "each simulated at its maxSize" in text
-    assert "left out: device-plugin groups and system (non-accelerator) groups" in text
+    assert "device-plugin families advertise their extended resources; system (non-accelerator) groups are left " \
+           "out" in text
     assert "- reads them from stdin" in text
 
 
@@ -173,8 +174,10 @@ def test_hint_raises_max_size_found_by_replanning(tmp_path):
     code, out, _ = _plan(*env, "--claims", str(CLASSES), str(path))
     assert code == 1
     lines = out.splitlines()
+    # The device-plugin group's node is in the plan too: its GPUs are no DRA devices.
     at = lines.index("  Deployment ml/train: 2 of 3 pods fit; 1 does not: all 2 p5.48xlarge nodes already hold "
-                     + FULL.format(8, "s"))
+                     + FULL.format(8, "s") + "; request gpus: no device of g6.12xlarge matches DeviceClass "
+                     "gpu.nvidia.com (devices there: none)")
     assert lines[at + 1] == "    would fit with p5-dra maxSize 3"
     assert "  p5-dra: 2 nodes; dra.net 0 used, 64 free; gpu.nvidia.com/gpu 16 used, 0 free" in lines
     code, out, _ = _plan(*env, "--claims", str(CLASSES), str(path), "-o", "json")

@@ -18,17 +18,18 @@ REPO = Path(__file__).resolve().parents[1]
 CLASSES = Path(__file__).parent / "planner" / "classes.yaml"
 
 
-def test_environment_nodes_are_its_dra_groups_at_max_size():
+def test_environment_nodes_are_its_accelerator_groups_at_max_size():
     nodes = nodes_for_environment(load_environment("dev", REPO / "config"))
-    # dev: system (no accelerator) and g6-device-plugin (device plugins, no DRA) publish nothing.
+    # dev: system (no accelerator) is left out; g6-device-plugin publishes nothing, its plugins advertise.
     assert [n.name for n in nodes] == ["p5-dra-0", "p5-dra-1", "trn2-dra-0", "trn2-dra-1", "g6e-bottlerocket-0",
-                                       "p4d-mig-0"]
+                                       "p4d-mig-0", "g6-device-plugin-0"]
+    assert not nodes[-1].devices and nodes[-1].extended == {"nvidia.com/gpu": 4, "vpc.amazonaws.com/efa": 1}
     p5 = nodes[0]
     assert sorted({d.driver for d in p5.devices}) == ["dra.net", "gpu.nvidia.com"]
     assert p5.labels["eks-dra.io/node-group"] == "p5-dra" and p5.labels["eks-dra.io/gpu"] == "dra"
     assert ("nvidia.com/gpu", "true", "NoSchedule") in p5.taints
     assert not any(key.endswith("/not-ready") for key, _, _ in p5.taints)  # removed by the driver once ready
-    mig = nodes[-1]
+    mig = nodes[-2]
     assert mig.mig_profile == "1g.5gb" and sum(d.attributes.get("type") == "mig" for d in mig.devices) == 56
 
 

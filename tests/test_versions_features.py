@@ -103,7 +103,9 @@ def test_planner_gives_extended_resource_pods_the_schedulers_claim(tmp_path):
     path = tmp_path / "pods.yaml"
     path.write_text(yaml.safe_dump_all(docs))
     env = CelEnvironment()
-    assert load_manifests([path], env).pods == []  # gate off (1.34/1.35): no claim, nothing to plan
+    # Gate off (1.34/1.35): no claim; the device plugin's resource is planned on device-plugin nodes.
+    assert [(p.claims, p.extended_resources) for p in load_manifests([path], env).pods] == [
+        ([], {"nvidia.com/gpu": 2}), ([], {"nvidia.com/gpu": 9})]
     manifests = load_manifests([path], env, extended_resources=True)
     two, too_many = manifests.pods
     (claim,) = two.claims
@@ -166,10 +168,13 @@ def test_plan_cli_follows_the_kubernetes_version(tmp_path, capsys):
          "spec": {"tolerations": [{"operator": "Exists"}],
                   "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 3}}}]}}]))
 
-    def plan(*extra):
-        assert cli.main(["plan", "--instance-type", "p5.48xlarge", "--claims", str(path), "-o", "json", *extra]) == 0
+    def plan(*extra, code=0):
+        assert cli.main(["plan", "--instance-type", "p5.48xlarge", "--claims", str(path), "-o", "json", *extra]) == code
         return json.loads(capsys.readouterr().out)["claims"]
 
-    assert plan() == []  # 1.34: the scheduler ignores extendedResourceName
+    # 1.34: the scheduler ignores extendedResourceName, and p5 nodes publish their GPUs by DRA only.
+    (pod,) = plan(code=1)
+    assert pod["name"] is None and pod["pod"] == "p" and not pod["allocated"]
+    assert pod["reason"].startswith("asks for nvidia.com/gpu: 3, which only device-plugin nodes serve on Kubernetes 1.34")
     (claim,) = plan("--kubernetes-version", "1.36")
     assert claim["allocated"] and len(claim["devices"]) == 3

@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import efa, gpu
+from .device_plugins import FAMILY_RESOURCES
 from .names import DEVICE_KINDS, FAMILIES, UPSTREAM_CLASSES, UPSTREAM_DRIVER_NAMES, DeviceKind, DriverNames
 
 # Extended resources of the device plugins (reference eks-accelerators.md §3.2, §3.4, §3.6). Where the
 # DRAExtendedResource gate is on (1.36+), our class of the family's whole devices carries the same name, so a
 # pod with `nvidia.com/gpu: 1` in its limits is served by our DRA driver on a DRA node (an implicit claim).
-EXTENDED_RESOURCES = {"gpu": "nvidia.com/gpu", "efa": "vpc.amazonaws.com/efa", "neuron": "aws.amazon.com/neuron"}
+EXTENDED_RESOURCES = {family: names[0] for family, names in FAMILY_RESOURCES.items()}
 
 
 @dataclass(frozen=True)

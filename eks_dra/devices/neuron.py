@@ -33,6 +33,14 @@ CAP_MEMORY = "memory"
 CAP_CORES = "neuronCores"
 
 DEFAULT_NEURON_DRIVER_VERSION = "2.25.4.0"
+# Trainium2 runs two physical NeuronCores as one logical core by default; earlier chips have no LNC=2.
+LNC2_INSTANCE_PREFIXES = ("trn2", "trn3")
+
+
+def default_logical_core_size(instance_type: str) -> int:
+    """Physical NeuronCores per logical core (LNC) when nothing sets it: 2 on Trainium2 and later, else 1."""
+    return 2 if instance_type.startswith(LNC2_INSTANCE_PREFIXES) else 1
+
 
 def _dra_driver_version() -> str:
     """Which DRA driver publishes the device: ours, with the package's version."""

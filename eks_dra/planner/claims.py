@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from eks_dra.devices.classes import DeviceClassDefinition
+from eks_dra.devices.device_plugins import DEVICE_PLUGIN_RESOURCES
 from eks_dra.devices.names import COMPUTE_DOMAIN_API_VERSION, COMPUTE_DOMAIN_KIND
 from eks_dra.errors import UserError, shown
 from eks_dra.input_files import MAX_MANIFEST_BYTES, load_documents, load_stream
@@ -443,29 +444,65 @@ def extended_resource_classes(docs: list[_Doc]) -> dict[str, str]:
     return out
 
 
-def _extended_resource_requests(pod_spec: dict, classes: dict[str, str]) -> list[dict]:
-    """The requests of the claim the 1.36 scheduler writes for a pod's extended resources backed by DRA: one
-    per container and resource, named container-<index>-request-<index in the container's sorted requests>
-    (pkg/scheduler/framework/plugins/dynamicresources/extendeddynamicresources.go). Init containers are
-    counted in the index but their devices are not modelled."""
+def _whole_number(container: dict, name: str, value: Any) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        raise UserError(f"container {shown(container.get('name'))}: resources {shown(name)}: {shown(value)} is not "
+                        "a whole number of devices") from None
+
+
+def _asked(container: Any) -> dict:
+    resources = (container or {}).get("resources") or {} if isinstance(container, dict) else {}
+    # An extended resource's request defaults to its limit.
+    return {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+
+
+def extended_resource_counts(pod_spec: dict, planned: frozenset[str] | set[str]) -> dict[str, int]:
+    """The pod's requests of the `planned` extended resources as the scheduler counts them
+    (k8s.io/component-helpers/resource PodRequests): the sum over its containers, and at least what any init
+    container needs while it runs; a sidecar (an init container with restartPolicy Always) keeps its share for
+    the pod's life, so it is added to the sum and to every init container started after it."""
+    total: dict[str, int] = {}
+    for container in pod_spec.get("containers") or []:
+        for name, value in _asked(container).items():
+            if name in planned:
+                total[name] = total.get(name, 0) + _whole_number(container, name, value)
+    sidecars: dict[str, int] = {}
+    init_peak: dict[str, int] = {}
+    for container in pod_spec.get("initContainers") or []:
+        own = {name: _whole_number(container, name, value) for name, value in _asked(container).items()
+               if name in planned}
+        if isinstance(container, dict) and container.get("restartPolicy") == "Always":
+            for name, count in own.items():
+                total[name] = total.get(name, 0) + count
+                sidecars[name] = sidecars.get(name, 0) + count
+            running = dict(sidecars)
+        else:
+            running = {name: own.get(name, 0) + sidecars.get(name, 0) for name in {*own, *sidecars}}
+        for name, count in running.items():
+            init_peak[name] = max(init_peak.get(name, 0), count)
+    counts = {name: max(total.get(name, 0), init_peak.get(name, 0)) for name in {*total, *init_peak}}
+    return {name: counts[name] for name in sorted(counts) if counts[name] > 0}
+
+
+def _extended_resource_requests(pod_spec: dict, classes: dict[str, str]) -> list[tuple[str, dict]]:
+    """The requests of the claim the 1.36 scheduler writes for a pod's extended resources backed by DRA, each
+    with its resource: one per container and resource, named container-<index>-request-<index in the
+    container's sorted requests> (pkg/scheduler/framework/plugins/dynamicresources/extendeddynamicresources.go).
+    Init containers are counted in the index but their devices are not modelled."""
     requests = []
     offset = len(pod_spec.get("initContainers") or [])
     for i, container in enumerate(pod_spec.get("containers") or []):
-        resources = (container or {}).get("resources") or {}
-        # An extended resource's request defaults to its limit.
-        asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        asked = _asked(container)
         names = sorted(asked)
         for name in names:
             if name not in classes:
                 continue
-            try:
-                count = int(str(asked[name]))
-            except ValueError:
-                raise UserError(f"container {shown(container.get('name'))}: resources {shown(name)}: {shown(asked[name])} is not "
-                                "a whole number of devices") from None
+            count = _whole_number(container, name, asked[name])
             if count > 0:
-                requests.append({"name": f"container-{offset + i}-request-{names.index(name)}",
-                                 "exactly": {"deviceClassName": classes[name], "count": count}})
+                requests.append((name, {"name": f"container-{offset + i}-request-{names.index(name)}",
+                                        "exactly": {"deviceClassName": classes[name], "count": count}}))
     return requests
 
 
@@ -480,8 +517,10 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
     `compute_domains` (who serves them), the channel ResourceClaimTemplate that a ComputeDomain in the files
     names is that controller's too: a pod's claim of it is reported, the pod's other claims are planned.
 
-    With `extended_resources` (the DRAExtendedResource gate, on from 1.36) a pod that asks for a DeviceClass's
-    extended resource in its containers' resources gets the claim the scheduler would write for it.
+    A pod asking for a device plugin's extended resource (nvidia.com/gpu: 2) is planned with it, claims or
+    not: PlanPod.extended_resources. With `extended_resources` (the DRAExtendedResource gate, on from 1.36) a
+    pod that asks for a DeviceClass's extended resource also gets the claim the scheduler would write for it,
+    used on nodes where no device plugin advertises the resource.
     """
     docs = read_documents(paths)
     skipped: list[str] = []
@@ -555,11 +594,13 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
         where = f"{doc.source()}: {group.path}"
         try:
             extended = _extended_resource_requests(pod_spec, extended_classes) if extended_classes else []
+            extended_counts = extended_resource_counts(pod_spec, DEVICE_PLUGIN_RESOURCES | set(extended_classes))
         except UserError as exc:
             raise UserError(f"{where}: {exc}") from None
-        extended_spec = loader.claim_spec({"devices": {"requests": extended}}, where, "extended resources",
-                                          "resource.k8s.io/v1") if extended else None
-        if not entries and extended_spec is None:
+        extended_spec = replace(loader.claim_spec({"devices": {"requests": [r for _, r in extended]}}, where,
+                                                  "extended resources", "resource.k8s.io/v1"),
+                                served_resources=tuple(name for name, _ in extended)) if extended else None
+        if not entries and extended_spec is None and not extended_counts:
             continue
         refs = {("ResourceClaim" if "resourceClaimName" in e else "ResourceClaimTemplate", doc.namespace,
                  e.get("resourceClaimName") or e.get("resourceClaimTemplateName"))
@@ -614,7 +655,7 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
                           tolerations=_tolerations(pod_spec.get("tolerations"), where),
                           node_name=pod_spec.get("nodeName") if doc.kind == "Pod" else None,
                           daemon_templates=tuple(daemon_templates) if doc.kind == "DaemonSet" else None,
-                          gang=group.gang)
+                          gang=group.gang, extended_resources=extended_counts)
             units.append((doc.order, pod))
     for key, (doc, claim) in claims.items():
         if key not in used_claims:

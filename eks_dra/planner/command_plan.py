@@ -1,7 +1,7 @@
 """`eks-dra plan`: allocate ResourceClaims offline on simulated nodes, before any node exists.
 
     eks-dra plan --instance-type p5.48xlarge --nodes 2 --claims claims.yaml [--output json]
-    eks-dra plan -c env=dev          # the environment's DRA node groups and dist/dev/*.k8s.yaml
+    eks-dra plan -c env=dev          # the environment's accelerator node groups and dist/dev/*.k8s.yaml
     eks-dra plan --slices slices.yaml --claims claims.yaml   # the nodes of published ResourceSlices
     helm template ... | eks-dra plan -c env=dev --claims -     # manifests on stdin, like kubectl -f -
 
@@ -51,9 +51,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="wrap the table's paragraphs at COLUMNS (default: the terminal's width on a terminal, "
                              "no wrapping otherwise; 0: no wrapping)")
     parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE",
-                        help="env=NAME plans the environment's synthesized manifests (or --claims) on its DRA node "
-                             "groups, each simulated at its maxSize (at least one node); groups without a DRA-managed "
-                             "device family are left out: device-plugin groups and system (non-accelerator) groups. "
+                        help="env=NAME plans the environment's synthesized manifests (or --claims) on its accelerator "
+                             "node groups, each simulated at its maxSize (at least one node): DRA-managed families "
+                             "publish devices, device-plugin families advertise their extended resources; system "
+                             "(non-accelerator) groups are left out. "
                              "A workload that does not fit gets the smallest single change that makes it fit "
                              "(a raised maxSize or a new node group), found by planning again")
     parser.add_argument("--config-dir", type=Path, default=Path("config"), help="environment configs (default config)")
@@ -153,7 +154,9 @@ def build_plan(args: argparse.Namespace) -> PlanRun:
                                extended_resources=extended_resources)
     ours = {classes.driver(f): f for f in FAMILIES if not classes.upstream(f)}
     replanner = Replanner(env, list(manifests.pods), ours, version)
-    result = Planner(env, nodes, config_drivers=ours, kubernetes_version=version).run(manifests.pods)
+    mapped = {d.extended_resource_name: d.name for d in classes.all(extended_resources=True) if d.extended_resource_name}
+    result = Planner(env, nodes, config_drivers=ours, kubernetes_version=version, extended_resource_classes=mapped,
+                     environment=environment is not None).run(manifests.pods)
     result.warnings.extend(manifests.skipped)
     result.warnings.extend(manifests.not_planned)
     result.warnings.extend(manifests.unknown)

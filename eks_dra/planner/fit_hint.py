@@ -170,8 +170,8 @@ class EnvironmentHints:
             return None if again is None else workload_fits(again, key)
 
         for i, group in enumerate(groups):
-            if not any(group.manager(f) == "dra" for f in group.families):
-                continue  # not simulated: raising it adds no node to the plan
+            if not group.families:
+                continue  # a system group is not simulated: raising it adds no node to the plan
             base = max(group.max_size, 1)
             high = min(max(MAX_SIZE_FACTOR * base, base + MAX_SIZE_STEP), base + MAX_NODES - total)
             if best is not None:

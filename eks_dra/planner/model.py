@@ -86,6 +86,8 @@ class ClaimSpec:
     key: str  # canonical JSON of spec.devices: identical claims share one parsed spec
     configs: tuple = ()  # spec.devices.config as written: the drivers decode it at prepare time
     config_path: str = "spec.devices.config"
+    # The scheduler's claim of a pod's extended resources (DRAExtendedResource): per request, the resource.
+    served_resources: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -165,9 +167,12 @@ class PlanPod:
     # DaemonSet: one pod per node it may run on; these claims come from templates, one per pod.
     daemon_templates: tuple[tuple[str, ClaimSpec, Source], ...] | None = None
     gang: Gang | None = None  # None: the pod is placed on its own
+    # Extended resources asked for in its containers (nvidia.com/gpu: 2), counted as the scheduler counts them.
+    extended_resources: dict[str, int] = field(default_factory=dict)
     node: str | None = None
     reason: str | None = None
 
     @property
     def scheduling_key(self) -> tuple:
-        return (tuple(sorted(self.node_selector.items())), self.affinity_terms, self.tolerations, self.node_name)
+        return (tuple(sorted(self.node_selector.items())), self.affinity_terms, self.tolerations, self.node_name,
+                tuple(self.extended_resources.items()))

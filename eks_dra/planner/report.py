@@ -23,7 +23,7 @@ from .fit_hint import (
     workload_key,
 )
 from .model import AllocatedDevice, PlanClaim, PlanPod, Source
-from .plan import PlanResult
+from .plan import PlanResult, device_plugin_share
 from .simulate import SimDevice
 
 _DIGITS = re.compile(r"(\d+)")
@@ -162,8 +162,20 @@ def device_kind(device: SimDevice) -> str:
     return f"{device.driver}/{value[1]}" if value is not None else device.driver
 
 
+def claimless_pods(result: PlanResult) -> list[PlanPod]:
+    """Pods that ask for extended resources and have no claim in the plan: device plugins serve them (or would)."""
+    listed = {id(c) for c in result.claims}
+    return [p for p in result.pods if p.extended_resources and not any(id(c) in listed for c in p.claims)]
+
+
 def node_groups(result: PlanResult) -> list[dict]:
-    """Per node group (the group label in env mode, the instance type otherwise): nodes, devices used/free."""
+    """Per node group (the group label in env mode, the instance type otherwise): nodes, devices used/free;
+    the extended resources of device plugins count under their resource name (nvidia.com/gpu)."""
+    plugin_used: dict[str, Counter] = {}
+    by_name = {n.name: n for n in result.nodes}
+    for pod in result.pods:
+        if pod.node is not None and pod.node in by_name:
+            plugin_used.setdefault(pod.node, Counter()).update(device_plugin_share(pod, by_name[pod.node]))
     groups: dict[str, dict] = {}
     for node in result.nodes:
         group = groups.setdefault(node.group or node.instance_type,
@@ -172,6 +184,11 @@ def node_groups(result: PlanResult) -> list[dict]:
         for device in node.devices:
             counts = group["devices"].setdefault(device_kind(device), {"used": 0, "free": 0})
             counts["used" if device.owner is not None else "free"] += 1
+        for name, total in node.extended.items():
+            counts = group["devices"].setdefault(name, {"used": 0, "free": 0})
+            used = plugin_used.get(node.name, Counter())[name]
+            counts["used"] += used
+            counts["free"] += total - used
     return list(groups.values())
 
 
@@ -204,6 +221,11 @@ def to_json(result: PlanResult, findings: Findings | None = None) -> dict:
             "pod": None if pod is None or pod.implicit else pod.name,
             "workload": _workload_ref(pod.source if pod is not None else c.source),
         })
+    # A pod without claims (its extended resources come from device plugins) is an entry without a claim name.
+    for pod in claimless_pods(result):
+        claims.append({"name": None, "namespace": pod.namespace, "allocated": pod_fits(pod), "node": pod.node,
+                       "devices": [], "reason": pod.reason, "pod": pod.name, "workload": _workload_ref(pod.source),
+                       "extendedResources": dict(pod.extended_resources)})
     pods = [p for p in result.pods if not p.implicit]
     hints = findings.hints or {}
     summary = {
@@ -255,6 +277,15 @@ def to_table(result: PlanResult, findings: Findings | None = None, width: int | 
         for i, d in enumerate(shown_devices(claim)):
             rows.append((name if i == 0 else "", claim.node or "" if i == 0 else "", d.request,
                          f"{d.driver}/{d.device}", _attributes(d)))
+    claimless = claimless_pods(result)
+    for pod in claimless:
+        name = f"{pod.namespace}/{pod.name} (pod)"
+        if not pod_fits(pod):
+            rows.append((name, "-", "-", "NOT PLACED", ""))
+            continue
+        for i, (resource, count) in enumerate(pod.extended_resources.items()):
+            rows.append((name if i == 0 else "", pod.node or "" if i == 0 else "", resource,
+                         f"{count} from the device plugin", ""))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
     lines = []
     for row in [header, *rows]:
@@ -272,7 +303,11 @@ def to_table(result: PlanResult, findings: Findings | None = None, width: int | 
     allocated = sum(c.allocated for c in result.claims)
     used = len({c.node for c in result.claims if c.allocated})
     lines.append("")
-    lines.append(f"{allocated} of {len(result.claims)} claims allocated, on {used} of {len(result.nodes)} nodes")
+    total = f"{allocated} of {len(result.claims)} claims allocated, on {used} of {len(result.nodes)} nodes"
+    if claimless:
+        placed = sum(1 for p in claimless if pod_fits(p))
+        total += f"; {placed} of {_plural(len(claimless), 'pod')} without claims placed"
+    lines.append(total)
     for warning in result.warnings:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)

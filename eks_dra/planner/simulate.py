@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from eks_dra.catalog import UnknownInstanceType, get_instance_type
 from eks_dra.devices import DEFAULT_DRIVER_NAMES, FAMILIES, AttributeValue, Device, DriverNames, Version, simulate_node
 from eks_dra.devices.classes import DeviceClasses
+from eks_dra.devices.device_plugins import advertised
 from eks_dra.errors import UserError
 
 if TYPE_CHECKING:
@@ -52,11 +53,14 @@ class SimNode:
     labels: dict[str, str] = field(default_factory=dict)
     taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, effect)
     index: int = 0
-    # Nodes with equal layouts publish the same devices (up to names and ids).
+    # Allocatable extended resources of the node's device plugins (nvidia.com/gpu: 4), for device-plugin groups.
+    extended: dict[str, int] = field(default_factory=dict)
+    # Nodes with equal layouts publish the same devices (up to names and ids) and advertise the same resources.
     layout: tuple = field(init=False)
 
     def __post_init__(self) -> None:
-        self.layout = (self.instance_type, self.mig_profile, tuple(sorted({d.driver for d in self.devices})))
+        self.layout = (self.instance_type, self.mig_profile, tuple(sorted({d.driver for d in self.devices})),
+                       tuple(sorted(self.extended.items())))
 
     @property
     def kind(self) -> str:
@@ -81,8 +85,10 @@ def _qualified(driver: str, attributes: dict[str, AttributeValue]) -> dict[str, 
 def simulate_plan_node(instance_type: str, node_name: str, *, names: DriverNames = DEFAULT_DRIVER_NAMES,
                        mig_profile: str | None = None, families: tuple[str, ...] | None = None,
                        group: str | None = None, labels: dict[str, str] | None = None,
-                       taints: tuple[tuple[str, str, str], ...] = ()) -> SimNode:
-    """One node of an instance type; `families` limits the published families (None: all of them)."""
+                       taints: tuple[tuple[str, str, str], ...] = (),
+                       device_plugin_families: tuple[str, ...] = ()) -> SimNode:
+    """One node of an instance type; `families` limits the families published by DRA (None: all of them), the
+    device plugins of `device_plugin_families` advertise their extended resources."""
     try:
         per_family = simulate_node(instance_type, node_name, mig_profile=mig_profile)
     except UnknownInstanceType as exc:
@@ -94,8 +100,9 @@ def simulate_plan_node(instance_type: str, node_name: str, *, names: DriverNames
                if families is None or family in families
                for d in family_devices]
     node_labels = {"eks-dra.io/instance-type": instance_type, **(labels or {})}
+    extended = advertised(get_instance_type(instance_type), device_plugin_families)
     return sim_node(node_name, instance_type, devices, group=group, mig_profile=mig_profile, labels=node_labels,
-                    taints=taints)
+                    taints=taints, extended=extended)
 
 
 def sim_device(driver: str, pool: str, name: str, attributes: dict[str, AttributeValue],
@@ -107,14 +114,15 @@ def sim_device(driver: str, pool: str, name: str, attributes: dict[str, Attribut
 
 def sim_node(name: str, instance_type: str, devices: list[SimDevice], *, group: str | None = None,
              mig_profile: str | None = None, labels: dict[str, str] | None = None,
-             taints: tuple[tuple[str, str, str], ...] = ()) -> SimNode:
-    """A node with its devices in the allocator's walk order (any device list: tests build their own)."""
+             taints: tuple[tuple[str, str, str], ...] = (), extended: dict[str, int] | None = None) -> SimNode:
+    """A node with its devices in the allocator's walk order (any device list: tests build their own) and the
+    extended resources its device plugins advertise."""
     devices = sorted(devices, key=lambda d: (d.driver, d.pool, d.name))
     for i, d in enumerate(devices):
         d.index = i
     node_labels = {"kubernetes.io/hostname": name, "node.kubernetes.io/instance-type": instance_type,
                    **(labels or {})}
-    return SimNode(name, instance_type, group, mig_profile, devices, node_labels, taints)
+    return SimNode(name, instance_type, group, mig_profile, devices, node_labels, taints, extended=extended or {})
 
 
 def number_nodes(nodes: list[SimNode]) -> list[SimNode]:
@@ -160,21 +168,24 @@ def _accelerator_taints(kind: str | None) -> tuple[tuple[str, str, str], ...]:
 
 
 def nodes_for_environment(env: EnvironmentConfig) -> list[SimNode]:
-    """max_size nodes (at least one) of every node group with a DRA-managed device family. A family served
-    by the vendor's driver publishes under the vendor's name the same vocabulary as ours."""
+    """max_size nodes (at least one) of every node group with an accelerator or EFA: its DRA-managed families
+    publish devices (a family served by the vendor's driver publishes under the vendor's name the same
+    vocabulary as ours), its device-plugin families advertise their extended resources. System groups, which
+    have neither, are left out."""
     names = DeviceClasses({f: env.drivers.implementation(f) for f in FAMILIES}, env.drivers.names).driver_names()
     nodes: list[SimNode] = []
     for group in env.node_groups:
-        families = tuple(f for f in group.families if group.manager(f) == "dra")
-        if not families:
+        if not group.families:
             continue
+        families = tuple(f for f in group.families if group.manager(f) == "dra")
+        plugins = tuple(f for f in group.families if group.manager(f) == "device-plugin")
         labels = env.node_labels(group)
         taints = tuple((t.key, t.value, t.effect) for t in env.node_taints(group)
                        if not t.key.endswith(_READINESS_TAINT_SUFFIX))
         for i in range(max(group.max_size, 1)):
             nodes.append(simulate_plan_node(group.instance_type, f"{group.name}-{i}", names=names,
                                             mig_profile=group.mig_profile, families=families, group=group.name,
-                                            labels=labels, taints=taints))
+                                            labels=labels, taints=taints, device_plugin_families=plugins))
     return number_nodes(nodes)
 
 

@@ -13,9 +13,6 @@ from ..framework.configs import DeviceSettings
 from ..framework.device_setup import DeviceSetup, SetupError
 from .configs import LOGICAL_NEURON_CORE
 
-# Trainium2 runs two physical NeuronCores as one logical core by default; earlier chips have no LNC=2.
-LNC2_INSTANCE_PREFIXES = ("trn2", "trn3")
-
 
 class NeuronSetup(DeviceSetup):
     mode = "environment"
@@ -26,9 +23,9 @@ class NeuronSetup(DeviceSetup):
             raise SetupError("devices of one claim ask for different logicalNeuronCore values; one container "
                              "runtime can use only one")
         instance = str(devices[0][0].attributes.get(neuron_attrs.INSTANCE_TYPE, ""))
-        default_lnc = 2 if instance.startswith(LNC2_INSTANCE_PREFIXES) else 1
+        default_lnc = neuron_attrs.default_logical_core_size(instance)
         lnc = lncs.pop() if lncs else default_lnc
-        if lnc == 2 and not instance.startswith(LNC2_INSTANCE_PREFIXES):
+        if lnc == 2 and not instance.startswith(neuron_attrs.LNC2_INSTANCE_PREFIXES):
             raise SetupError(f"logicalNeuronCore 2 needs Trainium2 or later; this node is {instance or 'unknown'}")
         cores: list[int] = []
         for device, _ in sorted(devices, key=lambda ds: int(ds[0].attributes[neuron_attrs.DEVICE_ID])):
