@@ -160,7 +160,8 @@ def _message(model: type[_Model], errors: list[dict]) -> str:
 def _path(loc: tuple) -> str:
     out = ""
     for part in loc:
-        part = part if isinstance(part, int) else shown(part, quoted=False)  # a key the user wrote, of any length
+        if not isinstance(part, int):  # a key the user wrote: of any length, and quoted if it holds a line break
+            part = shown(part, quoted=not str(part).isprintable())
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
     return out
 

@@ -193,3 +193,22 @@ def test_config_messages_echo_long_values_truncated(tmp_path, body):
     message = config_refusal(tmp_path, body)
     assert len(message) < 600, message[:300]
     assert "(50000 characters)" in message
+
+
+@pytest.mark.parametrize("manifest", [
+    # inputs the fuzzer found crashing the loader (TypeError), each now one line naming the field
+    "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers: [{name: c, image: x}]\n  resourceClaims: 3\n",
+    "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c}\n"
+    "spec: {devices: {requests: [{name: r, firstAvailable: true}]}}\n",
+    "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers: [{name: c, image: x}]\n"
+    "  resourceClaims: [{name: g, resourceClaimTemplateName: [a, b]}]\n",
+])
+def test_malformed_fields_found_by_the_fuzzer_are_one_line(tmp_path, manifest):
+    path = tmp_path / "found.yaml"
+    path.write_text(manifest)
+    refused(path)
+
+
+def test_a_config_key_with_a_line_break_is_quoted(tmp_path):
+    message = config_refusal(tmp_path, 'region: us-east-2\ndrivers: {"\\n": null}\n')
+    assert "drivers.'\\n': unknown setting" in message

@@ -425,7 +425,8 @@ def _class_names(spec: Any) -> set[str]:
     for req in requests if isinstance(requests, list) else []:
         if not isinstance(req, dict):
             continue
-        for raw in [req.get("exactly") or req, *(req.get("firstAvailable") or [])]:
+        alternatives = req.get("firstAvailable")
+        for raw in [req.get("exactly") or req, *(alternatives if isinstance(alternatives, list) else [])]:
             if isinstance(raw, dict) and isinstance(raw.get("deviceClassName"), str):
                 names.add(raw["deviceClassName"])
     return names
@@ -590,8 +591,8 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
             unplanned_templates.update((doc.namespace, t) for t in template_names(doc.obj))
             continue
         pod_spec = group.spec
-        entries = pod_spec.get("resourceClaims") or []
         where = f"{doc.source()}: {group.path}"
+        entries = _Loader._list(pod_spec.get("resourceClaims") or [], f"{where}.resourceClaims")
         try:
             extended = _extended_resource_requests(pod_spec, extended_classes) if extended_classes else []
             extended_counts = extended_resource_counts(pod_spec, DEVICE_PLUGIN_RESOURCES | set(extended_classes))
@@ -602,9 +603,11 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
                                 served_resources=tuple(name for name, _ in extended)) if extended else None
         if not entries and extended_spec is None and not extended_counts:
             continue
+        # only well-formed references here: the entries are checked one by one below, with their field named
         refs = {("ResourceClaim" if "resourceClaimName" in e else "ResourceClaimTemplate", doc.namespace,
                  e.get("resourceClaimName") or e.get("resourceClaimTemplateName"))
-                for e in entries if isinstance(e, dict)}
+                for e in entries if isinstance(e, dict)
+                and isinstance(e.get("resourceClaimName") or e.get("resourceClaimTemplateName"), str)}
         if refs & skipped_refs:
             skipped.append(f"{doc.source()}: not planned: it uses a claim left out of the plan")
             unplanned_templates.update((doc.namespace, t) for t in template_names(doc.obj))
