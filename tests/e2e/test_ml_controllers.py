@@ -168,11 +168,18 @@ class ControllerProcess:
             return "(no log)"
 
 
+class MLCluster(DevCluster):
+    """The simulated nodes with our drivers, and the workload controllers by name."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.controllers: dict[str, ControllerProcess] = {}
+
+
 @pytest.fixture(scope="module")
 def ml(control_plane, e2e_binary, ml_controller_builds, tmp_path_factory, request):
     workdir = tmp_path_factory.mktemp("ml-controllers")
-    cluster = DevCluster(control_plane, e2e_binary, workdir, nodes={P5: "p5-dra", TRN2: "trn2-dra"})
-    controllers: list[ControllerProcess] = []
+    cluster = MLCluster(control_plane, e2e_binary, workdir, nodes={P5: "p5-dra", TRN2: "trn2-dra"})
     failed_before = request.session.testsfailed
     try:
         cluster.apply_manifests(lambda path: "samples" not in path.name)  # drivers' charts and DeviceClasses
@@ -180,24 +187,23 @@ def ml(control_plane, e2e_binary, ml_controller_builds, tmp_path_factory, reques
         cluster.start_nodes()
         apply_objects(cluster.api, [namespace_object(NAMESPACE)])
         for name, build in ml_controller_builds.items():
-            controllers.append(ControllerProcess(name, build, control_plane.kubeconfig, cluster.api, workdir))
-            controllers[-1].start()
+            cluster.controllers[name] = ControllerProcess(name, build, control_plane.kubeconfig, cluster.api, workdir)
+            cluster.controllers[name].start()
         cluster.wait_drivers_ready()
-        cluster.controllers = {c.name: c for c in controllers}
         yield cluster
     finally:
         try:
             delete_objects(cluster.api, [namespace_object(NAMESPACE)])
             wait_until(lambda: not namespace_exists(cluster), 90, what=f"namespace {NAMESPACE} deleted")
         finally:
-            for c in reversed(controllers):
+            for c in reversed(cluster.controllers.values()):
                 c.stop()
             cluster.stop()
             keep = request.session.testsfailed > failed_before or os.environ.get("E2E_KEEP") == "1"
             cluster.remove(keep_dirs=keep)
 
 
-def namespace_exists(cluster: DevCluster) -> bool:
+def namespace_exists(cluster: MLCluster) -> bool:
     try:
         cluster.core.read_namespace(NAMESPACE)
         return True
@@ -263,7 +269,7 @@ def planner_pod_name(pod: dict) -> str:
     return pod["metadata"]["name"]
 
 
-def scheduled(ml: DevCluster) -> dict[str, tuple[str | None, Counter]]:
+def scheduled(ml: MLCluster) -> dict[str, tuple[str | None, Counter]]:
     """Planner pod name -> (node, devices per driver) as the scheduler allocated them; (None, {}) while pending."""
     out = {}
     for pod in ml.pods(NAMESPACE):
@@ -277,7 +283,7 @@ def scheduled(ml: DevCluster) -> dict[str, tuple[str | None, Counter]]:
     return out
 
 
-def run_plan(ml: DevCluster, tmp_path: Path, workload: dict) -> tuple[int, dict, str]:
+def run_plan(ml: MLCluster, tmp_path: Path, workload: dict) -> tuple[int, dict, str]:
     """`eks-dra plan` of the workload and its claim templates on the cluster's slices: (exit code, JSON, text)."""
     slices = tmp_path / "slices.yaml"
     slices.write_text(yaml.safe_dump_all(
@@ -305,7 +311,7 @@ def planned(plan: dict) -> dict[str, tuple[str | None, Counter]]:
     return out
 
 
-def run_workload(ml: DevCluster, workload: dict, pods: int, running: int) -> dict[str, tuple[str | None, Counter]]:
+def run_workload(ml: MLCluster, workload: dict, pods: int, running: int) -> dict[str, tuple[str | None, Counter]]:
     """Create the workload through its controller; wait for `pods` pods, `running` of them Running and the
     rest refused by the scheduler; returns what the scheduler gave each."""
     apply_objects(ml.api, [*templates_of(workload), workload])
@@ -329,14 +335,14 @@ def run_workload(ml: DevCluster, workload: dict, pods: int, running: int) -> dic
     return scheduled(ml)
 
 
-def stored(ml: DevCluster, workload: dict) -> dict:
+def stored(ml: MLCluster, workload: dict) -> dict:
     """The workload as the API server keeps it (after the controller's defaulting webhook)."""
     dyn = dynamic.DynamicClient(ml.api)
     resource = dyn.resources.get(api_version=workload["apiVersion"], kind=workload["kind"])
     return resource.get(name=workload["metadata"]["name"], namespace=NAMESPACE).to_dict()
 
 
-def remove_workload(ml: DevCluster, workload: dict) -> None:
+def remove_workload(ml: MLCluster, workload: dict) -> None:
     """Delete the workload; its Jobs or StatefulSets, pods and claims go with it (garbage collector), and the
     devices are free for the next test."""
     dyn = dynamic.DynamicClient(ml.api)
