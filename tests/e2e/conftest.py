@@ -7,6 +7,7 @@ and only when e2e tests are selected. Without Go every e2e test skips with one l
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,11 @@ def pytest_collection_finish(session):
                 _build["error-1.36"] = exc
         if "binary" in _build and any(Path(str(item.fspath)).name == "test_real_node.py" for item in session.items):
             realnode.prebuild()  # the real-node tier's kubelet, containerd and images
+        if "binary" in _build and any("ml_controller_builds" in item.fixturenames for item in session.items):
+            try:
+                _build["controllers"] = {name: ensure_controller(name) for name in ML_CONTROLLERS}
+            except Exception as exc:
+                _build["error-controllers"] = exc
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +79,26 @@ def e2e_binary() -> Path:
     if "error" in _build:
         raise _build["error"]
     return _build.get("binary") or ensure_binary()
+
+
+ML_CONTROLLERS = ("jobset", "lws")
+
+
+def ensure_controller(name: str) -> Path:
+    """The directory of an ML workload controller built by build_controllers.sh (cached by module version)."""
+    run = subprocess.run(["bash", str(E2E_DIR / "build_controllers.sh"), name], capture_output=True, text=True,
+                         timeout=1800)
+    if run.returncode != 0:
+        raise RuntimeError(f"tests/e2e/build_controllers.sh {name} failed:\n{run.stderr[-3000:]}")
+    return Path(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def ml_controller_builds(e2e_binary) -> dict[str, Path]:
+    """name -> directory (manager binary, CRDs, webhook configurations) of the JobSet and LWS controllers."""
+    if "error-controllers" in _build:
+        raise _build["error-controllers"]
+    return _build.get("controllers") or {name: ensure_controller(name) for name in ML_CONTROLLERS}
 
 
 @pytest.fixture(scope="session")
