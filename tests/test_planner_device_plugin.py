@@ -7,6 +7,8 @@ Expectations are worked by hand from the configs: dev's g6-device-plugin group i
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -149,3 +151,17 @@ def test_1_36_mapping_class_lands_on_a_dra_node_or_a_device_plugin_node(tmp_path
     assert entry["node"] == "g6-plugin-0" and entry["allocated"] and "d-extended-resources" not in claims
     assert {g["name"]: g["devices"].get("nvidia.com/gpu") for g in report["summary"]["nodeGroups"]}["g6-plugin"] == {
         "used": 3, "free": 1}
+
+
+def test_an_extended_resource_nothing_serves_is_refused_not_dropped(tmp_path):
+    manifest = tmp_path / "foo.yaml"
+    manifest.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: foo}\nspec:\n  tolerations: [{operator: Exists}]\n"
+                        "  containers:\n"
+                        "  - name: c\n    image: x\n    resources: {limits: {example.com/foo: 1, cpu: 1, "
+                        "hugepages-2Mi: 2Mi}}\n")
+    proc = subprocess.run([sys.executable, "-m", "eks_dra.cli", "plan", "-c", "env=dev", "--claims", str(manifest),
+                           "--output", "json"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 1, proc.stderr
+    (entry,) = json.loads(proc.stdout)["claims"]
+    assert entry["allocated"] is False and entry["extendedResources"] == {"example.com/foo": 1}
+    assert "asks for example.com/foo: 1, which no device plugin eks-dra deploys advertises" in entry["reason"]

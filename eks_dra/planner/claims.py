@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Container
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from eks_dra.devices.classes import DeviceClassDefinition
-from eks_dra.devices.device_plugins import DEVICE_PLUGIN_RESOURCES
 from eks_dra.devices.names import COMPUTE_DOMAIN_API_VERSION, COMPUTE_DOMAIN_KIND
 from eks_dra.errors import UserError, shown
 from eks_dra.input_files import MAX_MANIFEST_BYTES, load_documents, load_stream
@@ -459,7 +459,18 @@ def _asked(container: Any) -> dict:
     return {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
 
 
-def extended_resource_counts(pod_spec: dict, planned: frozenset[str] | set[str]) -> dict[str, int]:
+class _ExtendedResourceNames:
+    """Every extended resource name, as the scheduler tells them (k8s.io/apimachinery/pkg/apis/core/helper
+    IsExtendedResourceName): a prefixed name outside the kubernetes.io namespaces, not a quota `requests.` name.
+    A pod asking for one that no device plugin or DeviceClass serves stays Pending: it is planned (and refused),
+    never dropped."""
+
+    def __contains__(self, name: object) -> bool:
+        return (isinstance(name, str) and "/" in name and not name.startswith("requests.")
+                and not name.split("/", 1)[0].endswith("kubernetes.io"))
+
+
+def extended_resource_counts(pod_spec: dict, planned: Container[str]) -> dict[str, int]:
     """The pod's requests of the `planned` extended resources as the scheduler counts them
     (k8s.io/component-helpers/resource PodRequests): the sum over its containers, and at least what any init
     container needs while it runs; a sidecar (an init container with restartPolicy Always) keeps its share for
@@ -595,7 +606,7 @@ def load_manifests(paths: list[Path], env: CelEnvironment, builtin_classes: tupl
         entries = _Loader._list(pod_spec.get("resourceClaims") or [], f"{where}.resourceClaims")
         try:
             extended = _extended_resource_requests(pod_spec, extended_classes) if extended_classes else []
-            extended_counts = extended_resource_counts(pod_spec, DEVICE_PLUGIN_RESOURCES | set(extended_classes))
+            extended_counts = extended_resource_counts(pod_spec, _ExtendedResourceNames())
         except UserError as exc:
             raise UserError(f"{where}: {exc}") from None
         extended_spec = replace(loader.claim_spec({"devices": {"requests": [r for _, r in extended]}}, where,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from eks_dra.devices.device_plugins import DEVICE_PLUGIN_RESOURCES
 from eks_dra.drivers.families import get_family
 from eks_dra.drivers.framework.configs import ConfigError, settings_per_request
 from eks_dra.drivers.framework.device_setup import admin_access_refusal, hardware_changes
@@ -479,6 +480,10 @@ class Planner:
         name = unserved[0]
         asks = f"asks for {name}: {pod.extended_resources[name]}"
         mapping = self.extended_resource_classes.get(name)
+        if name not in DEVICE_PLUGIN_RESOURCES and not mapping:
+            return (f"{asks}, which no device plugin eks-dra deploys advertises and no DeviceClass maps "
+                    "(spec.extendedResourceName); no node of this plan has it, so the scheduler leaves the pod "
+                    "Pending; check the resource name")
         if self.extended_resources_by_dra:
             served = (f"which no DeviceClass maps (spec.extendedResourceName) and only device-plugin "
                       f"{'node groups' if self.environment else 'nodes'} serve")
