@@ -374,8 +374,9 @@ def test_cli_json_shape_and_exit_codes(tmp_path, capsys):
     assert cli.main(["plan", "--instance-type", "p5.48xlarge", "--claims", str(CLASSES), str(good),
                      "--output", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    # The contract's keys stay as they were; "pod", "workload" and "summary" were added (tests/test_plan_report.py).
-    assert set(out) == {"claims", "summary"}
+    # The contract's keys stay as they were; "pod", "workload", "podsWithoutClaims" and "summary" were added
+    # (tests/test_plan_report.py, tests/test_planner_device_plugin.py).
+    assert set(out) == {"claims", "podsWithoutClaims", "summary"}
     assert [{k: c[k] for k in ("name", "namespace", "allocated", "node", "reason", "devices")}
             for c in out["claims"]] == [{
         "name": "aligned", "namespace": "default", "allocated": True, "node": "p5.48xlarge-0", "reason": None,

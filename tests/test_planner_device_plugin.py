@@ -55,7 +55,7 @@ def _plan(capsys, tmp_path: Path, env: str, config: Path, *docs: dict) -> tuple[
 
 def _entries(report: dict) -> dict[str, dict]:
     """The claim-less entries (pods served by device plugins), by pod name."""
-    return {c["pod"]: c for c in report["claims"] if c["name"] is None}
+    return {c["name"]: c for c in report["podsWithoutClaims"]}
 
 
 def test_catalog_counts_of_the_device_plugins():
@@ -162,6 +162,8 @@ def test_an_extended_resource_nothing_serves_is_refused_not_dropped(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "eks_dra.cli", "plan", "-c", "env=dev", "--claims", str(manifest),
                            "--output", "json"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 1, proc.stderr
-    (entry,) = json.loads(proc.stdout)["claims"]
+    report = json.loads(proc.stdout)
+    assert report["claims"] == []
+    (entry,) = report["podsWithoutClaims"]
     assert entry["allocated"] is False and entry["extendedResources"] == {"example.com/foo": 1}
     assert "asks for example.com/foo: 1, which no device plugin eks-dra deploys advertises" in entry["reason"]

@@ -221,11 +221,11 @@ def to_json(result: PlanResult, findings: Findings | None = None) -> dict:
             "pod": None if pod is None or pod.implicit else pod.name,
             "workload": _workload_ref(pod.source if pod is not None else c.source),
         })
-    # A pod without claims (its extended resources come from device plugins) is an entry without a claim name.
-    for pod in claimless_pods(result):
-        claims.append({"name": None, "namespace": pod.namespace, "allocated": pod_fits(pod), "node": pod.node,
-                       "devices": [], "reason": pod.reason, "pod": pod.name, "workload": _workload_ref(pod.source),
-                       "extendedResources": dict(pod.extended_resources)})
+    # Pods without claims (device plugins serve their extended resources) are listed apart: every entry of
+    # "claims" stays a ResourceClaim, as the scripts that read it expect.
+    claimless = [{"name": pod.name, "namespace": pod.namespace, "allocated": pod_fits(pod), "node": pod.node,
+                  "reason": pod.reason, "workload": _workload_ref(pod.source),
+                  "extendedResources": dict(pod.extended_resources)} for pod in claimless_pods(result)]
     pods = [p for p in result.pods if not p.implicit]
     hints = findings.hints or {}
     summary = {
@@ -238,7 +238,7 @@ def to_json(result: PlanResult, findings: Findings | None = None) -> dict:
         ],
         "nodeGroups": node_groups(result),
     }
-    return {"claims": claims, "summary": summary}
+    return {"claims": claims, "podsWithoutClaims": claimless, "summary": summary}
 
 
 # --- the table for people --------------------------------------------------------------------------
