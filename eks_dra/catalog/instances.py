@@ -4,8 +4,8 @@ EC2-level fields (vCPUs, memory, accelerator count and memory, EFA support, netw
 of EC2 DescribeInstanceTypes (checked against moto's copy of that data by tests/test_catalog.py; refreshed
 with `eks-dra catalog refresh`). PCIe roots and NUMA placement follow the per-instance topology published
 by aws/karpenter-provider-aws (drametadata) and the dranet example slices, and the Neuron-to-EFA wiring
-follows aws-neuron/connected-device-maps-over-efa-for-neuron; see ../shared/reference/eks-accelerators.md
-§4. Bus numbers below a root are laid out by eks-dra (the first free buses under each root): they are
+follows aws-neuron/connected-device-maps-over-efa-for-neuron (its per-instance maps of which EFA card each
+Neuron device reaches). Bus numbers below a root are laid out by eks-dra (the first free buses under each root): they are
 stable and unique per node, which is all that discovery, fixtures and the planner rely on.
 """
 
