@@ -1,4 +1,4 @@
-"""The long kill -9 chaos run of issue 16 on the real Kubernetes 1.34 control plane of tests/e2e.
+"""The long kill -9 chaos run (tests/e2e/chaos.py) on the real Kubernetes 1.34 control plane of tests/e2e.
 
 Runs tests/e2e/test_checkpoint_chaos.py with EKS_DRA_CHAOS_OPS operations per seed (default 1,000) and
 prints, per seed, the operation and kill counts and the violations (target: >= 100 kills, 0 violations).

@@ -1,4 +1,4 @@
-"""Field-failure figures of issue 7, on the real Kubernetes 1.34 control plane of tests/e2e.
+"""Field-failure figures (tests/e2e/test_field_failures.py at full counts), on the real Kubernetes 1.34 control plane of tests/e2e.
 
 1. Runs tests/e2e/test_field_failures.py with EKS_DRA_FF_FULL=1 (the issue's counts: 20 kubelet restarts,
    200 hostile slice deletions, a 5-minute idle window, 2 minutes of 50 pod creations per minute) and prints

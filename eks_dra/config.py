@@ -208,7 +208,7 @@ class EnvironmentConfig:
         return tuple(g for g in self.node_groups if family in g.families and g.manager(family) == "device-plugin")
 
     def node_labels(self, group: NodeGroupConfig) -> dict[str, str]:
-        """Kubernetes labels of the group's nodes (CONTRACTS.md: matched by the charts)."""
+        """Kubernetes labels of the group's nodes (the charts select on them: eks_dra/charts/labels.py)."""
         labels = dict(group.labels)
         labels["eks-dra.io/node-group"] = group.name
         labels["eks-dra.io/instance-type"] = group.instance_type

@@ -2,9 +2,9 @@
 
 One table, plain data (no aws_cdk import): the EKS support window and its price, the kubectl Lambda layer
 the CDK's kubectl provider needs, the EKS add-on versions known to run on it, the cdk8s-plus package whose
-types match it, and which DRA feature gates are on by default. Sources: `shared/reference/k8s-versions.md`
-(Kubernetes `pkg/features/kube_features.go` per release, the EKS version calendar, the extended-support
-pricing post, PyPI for the layers).
+types match it, and which DRA feature gates are on by default. Sources: Kubernetes
+`pkg/features/kube_features.go` per release, the EKS version calendar, the extended-support pricing post,
+PyPI for the layers.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 10: config keys of the first deploy (API endpoint, retention, samples, IMDS) and the config mistakes that
+"""Config keys of the first deploy (API endpoint, retention, samples, IMDS) and the config mistakes that
 used to escape as tracebacks or silence; each is one line naming the file and field, and exit code 2."""
 
 from __future__ import annotations

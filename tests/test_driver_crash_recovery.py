@@ -1,4 +1,4 @@
-"""Issue 16: a crash during checkpoint recovery loses nothing, and a rebuilt record answers exactly as before.
+"""A crash during checkpoint recovery loses nothing, and a rebuilt record answers exactly as before.
 
 One test per hole the issue found (each fails on the code before the fix): a rebuilt record's answer, a crash
 between any two steps of the recovery (test-only crash points, eks_dra/drivers/framework/crashpoints.py), stale

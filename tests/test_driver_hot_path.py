@@ -1,4 +1,4 @@
-"""Issue 14: the prepare hot path reads the checkpoint only when it changed on disk, writes the same bytes as
+"""The prepare hot path reads the checkpoint only when it changed on disk, writes the same bytes as
 before, and the kubelet sockets serve before the driver has loaded its state."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The drivers' package layout (issue 11, item 6): a kubelet-plugin framework that knows no device family, one
+"""The drivers' package layout: a kubelet-plugin framework that knows no device family, one
 package per family on top of it, and no import cycle between the drivers' modules.
 
 Imports are read from the sources (ast), lazy ones inside functions included, so a family import tucked into a
@@ -131,7 +131,7 @@ def test_an_unknown_family_is_a_clear_error():
 
 
 def test_nothing_heavy_is_imported_before_the_sockets_serve(tmp_path):
-    """main() serves the kubelet sockets after importing only grpc, the protos and its own settings (issue 14):
+    """main() serves the kubelet sockets after importing only grpc, the protos and its own settings (start-up stays fast):
     no catalog, device model, family package, Kubernetes client or Prometheus before PluginServers.start()."""
     import json
     import subprocess

@@ -1,4 +1,4 @@
-"""Issue 10, items 1-9, 14, 15: what AWS does with the node groups on their first deploy and first update, read from the
+"""What AWS does with the node groups on their first deploy and first update, read from the
 synthesized templates of every shipped environment and of a generated one holding every catalogued instance type.
 """
 

@@ -44,7 +44,8 @@ GPU_MODELS: dict[str, GpuModel] = {
     "H100": GpuModel("H100", "NVIDIA H100 80GB HBM3", "Hopper", "9.0", 0x2330, 81920, 132, _MIG_H100_80),
     "H200": GpuModel("H200", "NVIDIA H200", "Hopper", "9.0", 0x2335, 144384, 132, _MIG_H200),
     "B200": GpuModel("B200", "NVIDIA B200", "Blackwell", "10.0", 0x2901, 183359, 148, _MIG_B200),
-    # GB200 on p6e runs the 580 driver with CDMM: no MIG (reference §3.8).
+    # GB200 on p6e runs the 580 driver with CDMM (coherent driver-based memory management), which
+    # does not support MIG.
     "GB200": GpuModel("GB200", "NVIDIA GB200", "Blackwell", "10.0", 0x2941, 189471, 152),
     "A10G": GpuModel("A10G", "NVIDIA A10G", "Ampere", "8.6", 0x2237, 22888, 80),
     "L4": GpuModel("L4", "NVIDIA L4", "Ada Lovelace", "8.9", 0x27B8, 22888, 58),

@@ -21,7 +21,7 @@ from . import labels
 from .network_policy import DriverNetworkPolicy, MetricsScrapers
 
 DEFAULT_IMAGE = "eks-dra-driver:0.1.0"
-# Driver runtime contract (CONTRACTS.md): the health port each family's driver serves its liveness on.
+# Driver runtime contract (eks_dra/drivers/README.md, "Probes"): the health port each family's driver serves its liveness on.
 HEALTH_PORTS = {"gpu": 51515, "efa": 51516, "neuron": 51517}
 METRICS_PORTS = {"gpu": 51525, "efa": 51526, "neuron": 51527}
 LIVENESS_PATH = "/livez"  # HTTP GET on the health port (eks_dra/drivers/framework/health.py says why HTTP)

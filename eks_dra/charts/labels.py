@@ -1,4 +1,5 @@
-"""Node-group labels, taints and the scheduling terms built from them (CONTRACTS.md, "Node-group labels").
+"""Node-group labels, taints and the scheduling terms built from them (the node contract between
+the CDK node groups, the charts, the drivers and the planner).
 
 The CDK node group sets these labels and taints; the charts only match them. Keeping every key here
 means a DaemonSet's affinity and a node group's labels cannot drift apart silently.

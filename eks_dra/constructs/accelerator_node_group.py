@@ -1,7 +1,7 @@
 """AcceleratorNodeGroup: one EKS managed node group of accelerator (or system) instances.
 
 Created with `eks.Nodegroup(...)` directly, never `Cluster.add_nodegroup_capacity`, which silently installs a
-Neuron device plugin for inf/trn types (reference §7.2). The instance type lives only in the launch template.
+Neuron device plugin for inf/trn types (aws-eks-v2 does so for every Neuron instance type). The instance type lives only in the launch template.
 
 Updates: EKS rolls `max_unavailable` nodes at a time and, with `force_update=False` (the default here, unlike
 aws-cdk's), stops at a PodDisruptionBudget instead of evicting the pods it protects (a training job); a node group

@@ -1,6 +1,6 @@
 """EfaLaunchTemplate: the EC2 launch template of one accelerator managed node group.
 
-It carries the instance type (aws_eks_v2 cannot validate p5/trn2/p6 names, reference §7.2), IMDSv2, an
+It carries the instance type (aws_eks_v2's InstanceType enum has no p5/trn2/p6 names), IMDSv2, an
 encrypted root volume, the EFA network-interface layout of the EC2 rule, the placement group and the
 reservation targeting, and the node's user data (Bottlerocket TOML, or AL2023 MIME parts: a nodeadm NodeConfig
 with max pods and local storage, and a cloud-config that installs the static-MIG systemd unit).
@@ -31,7 +31,7 @@ class EfaInterfaceSlot:
 
 
 def efa_interface_layout(instance_type: str, efa: bool = True) -> tuple[EfaInterfaceSlot, ...]:
-    """The EC2 rule (reference §4.5, §9): card 0 / device 0 is ENA; card 0 / device 1 is `efa-only` when card 0
+    """The EC2 rule (EC2 user guide, "EFA and network cards"): card 0 / device 0 is ENA; card 0 / device 1 is `efa-only` when card 0
     carries an EFA; every further EFA is device 0 of its own card. Without EFA, only the primary ENA."""
     slots = [EfaInterfaceSlot(0, 0, "interface")]
     if not efa:

@@ -159,7 +159,7 @@ def nodes_for_instance_type(instance_type: str, count: int, *, names: DriverName
 
 
 def _accelerator_taints(kind: str | None) -> tuple[tuple[str, str, str], ...]:
-    # Every eks-dra accelerator node group carries these (CONTRACTS.md, node-group labels and taints).
+    # Every eks-dra accelerator node group carries these taints (eks_dra/charts/labels.py).
     if kind == "gpu":
         return (("nvidia.com/gpu", "true", "NoSchedule"),)
     if kind == "neuron":

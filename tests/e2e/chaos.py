@@ -1,4 +1,4 @@
-"""Seeded kill -9 chaos against the GPU driver on the real control plane (issue 16).
+"""Seeded kill -9 chaos against the GPU driver on the real control plane.
 
 A `Chaos` run plays the kubelet and the scheduler for one simulated p5 node: it creates ResourceClaims (one
 or two devices, one or two requests, sometimes a time-slicing config), allocates them by writing their

@@ -1,4 +1,4 @@
-"""Field-failure scenarios (issue 7) against the real control plane: simulated nodes, driver processes,
+"""Field-failure scenarios (the known failure modes of DRA drivers) against the real control plane: simulated nodes, driver processes,
 slice watches, metrics and Events.
 
 A `SimNode` is one simulated accelerator node: a kubelet stand-in (the kubelet's plugin manager), a fixture

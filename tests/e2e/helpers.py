@@ -33,7 +33,7 @@ SYSTEM_NAMESPACE = "eks-dra-system"
 FIELD_MANAGER = "eks-dra-e2e"
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 
-# The simulated nodes of issue 6: node name -> node group of config/dev.yaml.
+# The simulated nodes of the dev tier: node name -> node group of config/dev.yaml.
 DEV_NODES = {
     "dev-p5-0": "p5-dra",
     "dev-p5-1": "p5-dra",

@@ -1,4 +1,4 @@
-"""Issue 16: seeded kill -9 chaos (prepare, unprepare, start-up, every step of recovery) on the real control
+"""Seeded kill -9 chaos (prepare, unprepare, start-up, every step of recovery) on the real control
 plane; the invariants of tests/e2e/chaos.py after every restart. A short run here; the long run (1,000
 operations, >= 100 kills) is `python bench/checkpoint_chaos.py` (EKS_DRA_CHAOS_OPS / EKS_DRA_CHAOS_SEEDS)."""
 

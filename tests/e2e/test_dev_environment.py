@@ -1,4 +1,4 @@
-"""Issue 6 §3: the dev environment's manifests, our drivers and its samples on a real Kubernetes 1.34 control plane.
+"""The dev environment's manifests, our drivers and its samples on a real Kubernetes 1.34 control plane.
 
 One module-scoped cluster: the synthesized dev manifests applied by server-side apply, four simulated nodes
 (2x p5.48xlarge, trn2.48xlarge, g6e.48xlarge) registered with their node-group labels and taints, a kubelet

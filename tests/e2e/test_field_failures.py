@@ -1,4 +1,4 @@
-"""Issue 7 "How it is checked": the drivers against the field failures of DRA drivers, on the real control plane.
+"""The drivers against the field failures of DRA drivers, on the real control plane.
 
 Every scenario runs `eks-dra-driver` processes as their ServiceAccount against fixture host trees, with the
 kubelet stand-in (the kubelet's own plugin manager) per simulated node. Counts are scaled down for the test
@@ -308,7 +308,7 @@ def test_reboot_with_corrupt_checkpoint_rebuilds_claims_from_the_api(api, nodes)
     t0 = time.monotonic()
     node.start_driver("gpu")
     # Claims with neither record nor spec are reserved from the API (devices blocked), not prepared: only the
-    # kubelet knows whether it still needs them (issue 16). Kubelet 1.34 restores its claim cache unprepared
+    # kubelet knows whether it still needs them. Kubelet 1.34 restores its claim cache unprepared
     # after its own restart (cm/dra/claiminfo.go newClaimInfoFromState: prepared=false) and calls
     # NodePrepareResources again; the stand-in keeps them prepared, so this test makes that call.
     wait_until(lambda: set(expected) <= checkpoint_claims(node, "gpu"), 60, interval=0.1,

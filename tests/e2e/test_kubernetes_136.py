@@ -1,4 +1,4 @@
-"""Issue 15: what Kubernetes 1.36 turns on, on a real 1.36 control plane (tests/e2e/cluster/go-1.36.mod).
+"""What Kubernetes 1.36 turns on, on a real 1.36 control plane (tests/e2e/cluster/go-1.36.mod).
 
 One module-scoped cluster: the dev environment's driver and DeviceClass manifests synthesized for 1.36 (the
 GPU class carries extendedResourceName, the driver DaemonSets set DEVICE_TAINTS), two simulated p5.48xlarge

@@ -1,4 +1,4 @@
-"""Issue 13: the real kubelet and containerd run our driver image, the dev manifests and the sample pods.
+"""The real kubelet and containerd run our driver image, the dev manifests and the sample pods.
 
 Three real nodes (p5.48xlarge: GPU + EFA; trn2.48xlarge: Neuron + EFA; p4d.24xlarge: static MIG) join the tier's control plane, each a
 real kubelet v1.34 with its own containerd 2.4 + runc, mount namespace, CDI dir and fixture host tree of real
