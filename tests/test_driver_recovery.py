@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from drivers.harness import DRIVERS, Sandbox, kubelet_for, make_claim, wait_for
+from drivers.harness import DRIVERS, Sandbox, kubelet_for, make_claim, prepare_claim, wait_for
 
 from eks_dra.drivers import fixture
 from eks_dra.drivers.framework.checkpoint import (
@@ -34,24 +34,13 @@ def spec_path(node, driver, uid):
     return node.cdi / f"k8s.{driver}-claim_{uid}.json"
 
 
-def prepare(kube, node, family, devices, **kw):
-    claim = kube.put_claim(make_claim(DRIVERS[family], node.name, devices, **kw))
-    k = kubelet_for(node, family)
-    try:
-        entry = k.prepare([claim])[claim["metadata"]["uid"]]
-    finally:
-        k.close()
-    assert entry.error == "", entry.error
-    return claim
-
-
 def test_reboot_rewrites_specs_and_reapplies_settings(node_env):
     kube, node, start = node_env
     d = start()
     ts = {"source": "FromClaim", "requests": [], "opaque": {"driver": GPU, "parameters": {
         "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
         "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}}}
-    claims = [prepare(kube, node, "gpu", [f"gpu-{i}"], configs=[ts]) for i in range(3)]
+    claims = [prepare_claim(kube, node, "gpu", [f"gpu-{i}"], configs=[ts]) for i in range(3)]
     d.stop(0.5)
     # reboot: new boot id, /var/run/cdi is a tmpfs
     old_boot = json.loads(d.store.path.read_text())["data"]["bootId"]
@@ -73,7 +62,7 @@ def test_reboot_rewrites_specs_and_reapplies_settings(node_env):
 def test_reboot_with_cdi_dir_kept_still_reapplies(node_env):
     kube, node, start = node_env
     d = start()
-    claim = prepare(kube, node, "gpu", ["gpu-0"])
+    claim = prepare_claim(kube, node, "gpu", ["gpu-0"])
     d.stop(0.5)
     path = spec_path(node, GPU, claim["metadata"]["uid"])
     path.write_text(json.dumps({"stale": True}))  # a spec from before the reboot is never trusted
@@ -85,9 +74,9 @@ def test_reboot_with_cdi_dir_kept_still_reapplies(node_env):
 def test_corrupt_checkpoint_moved_aside_event_and_rebuilt(node_env):
     kube, node, start = node_env
     d = start()
-    kept = prepare(kube, node, "gpu", ["gpu-1"])
-    gone = prepare(kube, node, "gpu", ["gpu-2"])
-    unprepared_spec_lost = prepare(kube, node, "gpu", ["gpu-3"])
+    kept = prepare_claim(kube, node, "gpu", ["gpu-1"])
+    gone = prepare_claim(kube, node, "gpu", ["gpu-2"])
+    unprepared_spec_lost = prepare_claim(kube, node, "gpu", ["gpu-3"])
     d.stop(0.5)
     raw = d.store.path.read_bytes()
     d.store.path.write_bytes(raw[: len(raw) // 2])  # truncated
@@ -108,7 +97,7 @@ def test_corrupt_checkpoint_moved_aside_event_and_rebuilt(node_env):
     assert not lost.completed and [x.device_name for x in lost.devices] == ["gpu-3"]
     assert not spec_path(node, GPU, unprepared_spec_lost["metadata"]["uid"]).exists()
     # ready: new claims prepare, the rebuilt ones still block their devices
-    prepare(kube, node, "gpu", ["gpu-2"])
+    prepare_claim(kube, node, "gpu", ["gpu-2"])
     k = kubelet_for(node, "gpu")
     for held in ("gpu-1", "gpu-3"):
         forged = kube.put_claim(make_claim(GPU, "node-a", [held]))
@@ -122,7 +111,7 @@ def test_corrupt_checkpoint_moved_aside_event_and_rebuilt(node_env):
 def test_version_one_checkpoint_is_upgraded(node_env):
     kube, node, start = node_env
     d = start()
-    claim = prepare(kube, node, "gpu", ["gpu-4"])
+    claim = prepare_claim(kube, node, "gpu", ["gpu-4"])
     d.stop(0.5)
     cp = d.store.load()
     d.store.path.write_bytes(encode(cp, GPU, "node-a", version=1))  # what the N-1 driver wrote
@@ -184,7 +173,7 @@ def test_corruption_kinds_detected(tmp_path, damage):
 def test_orphan_cleaned_within_one_interval(node_env):
     kube, node, start = node_env
     d = start(reconcile_interval_s=1.0)
-    claim = prepare(kube, node, "gpu", ["gpu-5"])
+    claim = prepare_claim(kube, node, "gpu", ["gpu-5"])
     stray = spec_path(node, GPU, "0b0b0b0b-0000-4000-8000-000000000000")
     stray.write_text(spec_path(node, GPU, claim["metadata"]["uid"]).read_text())
     kube.delete_claim("default", claim["metadata"]["name"])  # force-deleted pod and claim
@@ -197,13 +186,13 @@ def test_orphan_cleaned_within_one_interval(node_env):
     assert d.metrics.value("eks_dra_orphans_cleaned_total", kind="claim") == 1
     assert d.metrics.value("eks_dra_orphans_cleaned_total", kind="cdi_spec") == 1
     assert sum(1 for _, r, _ in d.events.sent if r == "OrphanCleaned") == 2
-    prepare(kube, node, "gpu", ["gpu-5"])  # the device is reusable
+    prepare_claim(kube, node, "gpu", ["gpu-5"])  # the device is reusable
 
 
 def test_wiped_cdi_dir_repaired_by_reconciler(node_env):
     kube, node, start = node_env
     d = start(reconcile_interval_s=0.5)
-    claim = prepare(kube, node, "gpu", ["gpu-6"])
+    claim = prepare_claim(kube, node, "gpu", ["gpu-6"])
     path = spec_path(node, GPU, claim["metadata"]["uid"])
     path.unlink()
     wait_for(lambda: path.exists() and d.metrics.value("eks_dra_cdi_specs_rewritten_total") >= 1, timeout=3,
@@ -213,7 +202,7 @@ def test_wiped_cdi_dir_repaired_by_reconciler(node_env):
 def test_checkpoint_corrupted_while_running(node_env):
     kube, node, start = node_env
     d = start()
-    kept = prepare(kube, node, "gpu", ["gpu-0"])
+    kept = prepare_claim(kube, node, "gpu", ["gpu-0"])
     d.store.path.write_text("{ this is not json")  # an editor, a disk error
     claim = kube.put_claim(make_claim(GPU, "node-a", ["gpu-1"]))
     k = kubelet_for(node, "gpu")

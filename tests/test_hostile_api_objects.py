@@ -8,7 +8,7 @@ import time
 
 import grpc
 import pytest
-from drivers.harness import DRIVERS, Sandbox, kubelet_for, make_claim, registration_socket, wait_for
+from drivers.harness import DRIVERS, Sandbox, kubelet_for, make_claim, prepare_claim, registration_socket, wait_for
 from drivers.kubelet import Kubelet
 
 from eks_dra.drivers.framework import cdi
@@ -39,17 +39,6 @@ def spec_path(node, uid):
     return node.cdi / f"k8s.{GPU}-claim_{uid}.json"
 
 
-def prepare(kube, node, devices, **kw):
-    claim = kube.put_claim(make_claim(GPU, node.name, devices, **kw))
-    k = kubelet_for(node, "gpu")
-    try:
-        entry = k.prepare([claim])[claim["metadata"]["uid"]]
-    finally:
-        k.close()
-    assert entry.error == "", entry.error
-    return claim
-
-
 def lose_checkpoint(driver) -> None:
     driver.stop(0.5)
     driver.store.path.unlink()
@@ -71,8 +60,8 @@ def test_hostile_claim_elsewhere_does_not_stop_recovery(node_env):
     every pass succeeds, the deleted claim's GPU is free again, and the cluster's claims are never listed."""
     kube, node, start = node_env
     d = start()
-    kept = prepare(kube, node, ["gpu-0"])
-    gone = prepare(kube, node, ["gpu-1"])
+    kept = prepare_claim(kube, node, "gpu", ["gpu-0"])
+    gone = prepare_claim(kube, node, "gpu", ["gpu-1"])
     lose_checkpoint(d)
     kube.delete_claim("default", gone["metadata"]["name"])
     kube.put_raw_claim("tenant", "deep", deep_claim("tenant", "deep"))
@@ -85,7 +74,7 @@ def test_hostile_claim_elsewhere_does_not_stop_recovery(node_env):
     assert not spec_path(node, gone["metadata"]["uid"]).exists()
     passes = d2.reconciler.passes
     wait_for(lambda: d2.reconciler.passes >= passes + 2, timeout=10, what="two more reconcile passes")
-    prepare(kube, node, ["gpu-1"])  # the deleted claim's device is released
+    prepare_claim(kube, node, "gpu", ["gpu-1"])  # the deleted claim's device is released
     assert kube.claim_lists == 0
 
 
@@ -111,7 +100,7 @@ def test_an_unreadable_claim_of_a_pod_here_does_not_stop_the_others(node_env):
 def test_spec_names_its_claim_and_stays_valid_cdi(node_env):
     kube, node, start = node_env
     start()
-    claim = prepare(kube, node, ["gpu-3"], namespace="team-a", name="train")
+    claim = prepare_claim(kube, node, "gpu", ["gpu-3"], namespace="team-a", name="train")
     spec = json.loads(spec_path(node, claim["metadata"]["uid"]).read_text())
     assert spec["annotations"] == {cdi.CLAIM_NAMESPACE_ANNOTATION: "team-a", cdi.CLAIM_NAME_ANNOTATION: "train"}
     assert spec["cdiVersion"] == "0.6.0"  # annotations need CDI 0.6.0 (container-device-interface SPEC.md)
@@ -123,8 +112,8 @@ def test_older_specs_without_names_recover_from_the_pods_here(node_env):
     as a claim made from a template is) is found through the node's pods; one no pod here uses is released."""
     kube, node, start = node_env
     d = start()
-    used = prepare(kube, node, ["gpu-4"], reserved=False)
-    unused = prepare(kube, node, ["gpu-5"], reserved=False)
+    used = prepare_claim(kube, node, "gpu", ["gpu-4"], reserved=False)
+    unused = prepare_claim(kube, node, "gpu", ["gpu-5"], reserved=False)
     for _ in range(POD_PAGE):  # the pod that uses it is on the second page of the node's pods
         kube.add_pod("default", f"filler-{_}", node.name, [])
     kube.add_pod("default", "worker", node.name, [used["metadata"]["name"]], from_template=True)

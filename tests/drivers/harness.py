@@ -166,6 +166,18 @@ def kubelet_for(node: Node, family: str, pod_uid: str | None = None, timeout: fl
     return Kubelet(sock)
 
 
+def prepare_claim(kube, node: Node, family: str, devices: list[str], **claim_fields) -> dict:
+    """Store a claim of `devices` allocated on `node` and prepare it through the family's plugin; it must succeed."""
+    claim = kube.put_claim(make_claim(DRIVERS[family], node.name, devices, **claim_fields))
+    k = kubelet_for(node, family)
+    try:
+        entry = k.prepare([claim])[claim["metadata"]["uid"]]
+    finally:
+        k.close()
+    assert entry.error == "", entry.error
+    return claim
+
+
 def connect(node: Node, family: str = "gpu", pod_uid: str | None = None, timeout: float = 15.0) -> Kubelet:
     """A kubelet client as soon as the plugin answers on its registration socket (retries while it starts)."""
     sock = registration_socket(node, family, pod_uid)

@@ -22,6 +22,8 @@ from controlplane import (
     go_version,
     sa_kubeconfig,
 )
+from ff_helpers import NodeFactory, ensure_driver_rbac
+from kubernetes import client, config
 
 E2E_DIR = Path(__file__).resolve().parent
 NO_GO = "e2e: Go toolchain not found on PATH; install Go >= 1.24 to run the real-control-plane tier"
@@ -176,3 +178,18 @@ def sa_kubeconfig_factory(e2e_binary, control_plane, tmp_path):
         return sa_kubeconfig(e2e_binary, control_plane.kubeconfig, namespace, serviceaccount, node, out)
 
     return make
+
+
+# The field-failure modules' API client (with the drivers' RBAC) and their simulated nodes.
+@pytest.fixture(scope="module")
+def api(control_plane) -> client.ApiClient:
+    api = config.new_client_from_config(str(control_plane.kubeconfig))
+    ensure_driver_rbac(api)
+    return api
+
+
+@pytest.fixture
+def nodes(api, kubelet_factory, sa_kubeconfig_factory):
+    factory = NodeFactory(api, kubelet_factory, sa_kubeconfig_factory)
+    yield factory
+    factory.close()  # drivers stopped before kubelet_factory stops the stand-ins

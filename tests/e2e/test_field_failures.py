@@ -18,14 +18,12 @@ from drivers.kubelet import Kubelet
 from ff_helpers import (
     DRIVERS,
     FULL,
-    NodeFactory,
     PodChurn,
     claim_template,
     create_pod,
     delete_pod,
     device_names,
     ensure_device_class,
-    ensure_driver_rbac,
     make_namespace,
     node_events,
     percentiles,
@@ -40,7 +38,7 @@ from ff_helpers import (
     wait_registered,
     wait_running,
 )
-from kubernetes import client, config
+from kubernetes import client
 
 from eks_dra.devices.neuron import neuron_device_name
 from eks_dra.drivers import fixture
@@ -49,20 +47,6 @@ from eks_dra.drivers.gpu.fixture_root import FIXTURE_SMI_LOG
 
 pytestmark = pytest.mark.e2e
 GPU, EFA, NEURON = DRIVERS["gpu"], DRIVERS["efa"], DRIVERS["neuron"]
-
-
-@pytest.fixture(scope="module")
-def api(control_plane) -> client.ApiClient:
-    api = config.new_client_from_config(str(control_plane.kubeconfig))
-    ensure_driver_rbac(api)
-    return api
-
-
-@pytest.fixture
-def nodes(api, kubelet_factory, sa_kubeconfig_factory):
-    factory = NodeFactory(api, kubelet_factory, sa_kubeconfig_factory)
-    yield factory
-    factory.close()  # drivers stopped before kubelet_factory stops the stand-ins
 
 
 def checkpoint_claims(node, family: str) -> set[str]:

@@ -15,11 +15,9 @@ import pytest
 from controlplane import wait_until
 from ff_helpers import (
     DRIVERS,
-    NodeFactory,
     claim_template,
     create_pod,
     ensure_device_class,
-    ensure_driver_rbac,
     make_namespace,
     node_events,
     raw,
@@ -28,27 +26,13 @@ from ff_helpers import (
     wait_registered,
     wait_running,
 )
-from kubernetes import client, config
+from kubernetes import client
 
 from eks_dra.drivers.framework.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.e2e
 GPU = DRIVERS["gpu"]
 DEPTH = 3000
-
-
-@pytest.fixture(scope="module")
-def api(control_plane) -> client.ApiClient:
-    api = config.new_client_from_config(str(control_plane.kubeconfig))
-    ensure_driver_rbac(api)
-    return api
-
-
-@pytest.fixture
-def nodes(api, kubelet_factory, sa_kubeconfig_factory):
-    factory = NodeFactory(api, kubelet_factory, sa_kubeconfig_factory)
-    yield factory
-    factory.close()
 
 
 def create_deep_claim(api: client.ApiClient, namespace: str, name: str) -> None:
